@@ -1,0 +1,1 @@
+"""Database plumbing: Base, portable types, engines, unit of work, migration helpers."""

@@ -1,0 +1,70 @@
+"""The domain error tree; the API maps it to HTTP in one table (api/errors.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TracestoreError(Exception):
+    """Base of every error tracestore reports to a user."""
+
+    code = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidJSON(TracestoreError):
+    """The body is not JSON (or not the JSON shape a route expects at the top)."""
+
+    code = "invalid_json"
+
+
+class InvalidRollout(TracestoreError):
+    """The JSON is well-formed but is not a RolloutResponse; `errors` lists failing paths."""
+
+    code = "invalid_rollout"
+
+
+class PayloadTooLarge(TracestoreError):
+    """The body (after decompression) exceeds the configured limit."""
+
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(TracestoreError):
+    """The body's Content-Type or Content-Encoding is not one we read."""
+
+    code = "unsupported_media_type"
+
+
+class NotFound(TracestoreError):
+    """The requested resource does not exist."""
+
+    code = "not_found"
+
+
+class Conflict(TracestoreError):
+    """The run_id exists with other content."""
+
+    code = "conflict"
+
+
+class Unauthorized(TracestoreError):
+    """Missing or wrong API key."""
+
+    code = "unauthorized"
+
+
+class InvalidRequest(TracestoreError):
+    """A query parameter or path parameter is wrong."""
+
+    code = "invalid_request"
+
+
+class SchemaOutOfDate(TracestoreError):
+    """The database schema is not at the revision this code expects."""
+
+    code = "schema_out_of_date"

@@ -1,0 +1,1 @@
+"""Raw document -> validated -> projected rows -> store, in one transaction per rollout."""

@@ -1,0 +1,54 @@
+"""Bytes to a validated document: JSON parsing and RolloutResponse validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from tracestore.errors import InvalidJSON, InvalidRollout
+from tracestore.wire.rollout import RolloutIn
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Parse one JSON value; NaN/Infinity tokens, lone surrogates and bad UTF-8 are refused.
+
+    We refuse rather than map NaN to null: the store promises to give back what was sent,
+    and standard JSON has no NaN.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def validate_rollout(doc: object) -> dict[str, Any]:
+    """Check that a parsed value is a RolloutResponse (SPEC §1); return it unchanged."""
+    if not isinstance(doc, dict):
+        hint = " (post JSON arrays to /v1/rollouts/batch)" if isinstance(doc, list) else ""
+        raise InvalidRollout(
+            f"a RolloutResponse is a JSON object, got {type(doc).__name__}{hint}",
+            errors=[{"path": "(document)", "message": "expected an object"}],
+        )
+    try:
+        RolloutIn.model_validate(doc)
+    except ValidationError as exc:
+        errors = [
+            {"path": _loc(e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        first = errors[0]
+        raise InvalidRollout(
+            f"not a valid RolloutResponse: {first['path']}: {first['message']}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+            errors=errors[:50],
+        ) from None
+    return doc

@@ -1,0 +1,372 @@
+"""Projection of a validated RolloutResponse into table rows (pure: no database).
+
+Rows are plain dicts keyed by column name, ready for executemany. Parent keys
+(run_pk, trajectory_pk, trace_pk, time_step_pk) are filled in by the writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracestore.correlation import Resolution
+from tracestore.errors import InvalidRollout
+from tracestore.wire.datetimes import parse_datetime
+from tracestore.wire.trace import Placed, classify_trace, infer_event_type, view_trace
+
+_INT64 = 2**63
+
+STEP_KEYS = frozenset(("obs", "tool_calls", "reward", "done", "truncated", "info"))
+TRAJECTORY_KEYS = frozenset(
+    (
+        "env_id",
+        "policy_id",
+        "steps",
+        "length",
+        "inference_url",
+        "final",
+        "decision_samples",
+        "trace",
+    )
+)
+SESSION_KEYS = frozenset(
+    (
+        "session_id",
+        "created_at",
+        "session_time_steps",
+        "event_history",
+        "markov_blanket_message_history",
+        "metadata",
+        "session_metadata",
+    )
+)
+TIME_STEP_KEYS = frozenset(
+    (
+        "step_id",
+        "step_index",
+        "turn_number",
+        "timestamp",
+        "completed_at",
+        "events",
+        "markov_blanket_messages",
+        "step_metadata",
+    )
+)
+EVENT_COLUMNS = (
+    "system_instance_id",
+    "time_record",
+    "reward",
+    "terminated",
+    "truncated",
+    "actions",
+    "system_state_before",
+    "system_state_after",
+    "model_name",
+    "provider",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cost_usd",
+    "latency_ms",
+    "span_id",
+    "trace_id",
+    "call_records",
+    "metadata",
+    "event_metadata",
+)
+EVENT_KEYS = frozenset((*EVENT_COLUMNS, "event_type"))
+MESSAGE_KEYS = frozenset(("content", "message_type", "time_record", "metadata"))
+
+
+def _extra(obj: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any] | None:
+    extra = {k: v for k, v in obj.items() if k not in known}
+    return extra or None
+
+
+class _Typer:
+    """Typed reads from trace JSON that name the failing path in their error."""
+
+    def __init__(self) -> None:
+        self.errors: list[dict[str, str]] = []
+
+    def fail(self, path: str, expected: str, value: object) -> None:
+        self.errors.append(
+            {"path": path, "message": f"expected {expected}, got {type(value).__name__}"}
+        )
+
+    def num(self, value: object, path: str) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(path, "a number or null", value)
+            return None
+        return float(value)
+
+    def int(self, value: object, path: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
+            self.fail(path, "an integer (64-bit) or null", value)
+            return None
+        return value
+
+    def bool(self, value: object, path: str) -> bool | None:
+        if value is None or isinstance(value, bool):
+            return value
+        self.fail(path, "true, false or null", value)
+        return None
+
+    def str(self, value: object, path: str) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return repr(value)  # ids written as numbers by hand-built producers
+        self.fail(path, "a string or null", value)
+        return None
+
+
+@dataclass(slots=True)
+class TraceRows:
+    """Rows of one trace: the trace row, its time steps, events and messages."""
+
+    trace: dict[str, Any]
+    time_steps: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # time-step position of each event / message (None when in no step), for pk wiring.
+    event_steps: list[int | None] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    message_steps: list[int | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RolloutRows:
+    """Every row one rollout becomes."""
+
+    run: dict[str, Any]
+    trajectories: list[dict[str, Any]]
+    steps: list[list[dict[str, Any]]]  # per trajectory
+    traces: list[TraceRows]
+
+
+def _event_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[str, Any]:
+    e = placed.item
+    if not isinstance(e, Mapping):
+        t.fail(path, "an object", e)
+        e = {}
+    time_record = e.get("time_record")
+    return {
+        "position": position,
+        "position_in_step": placed.position_in_step,
+        "history_position": placed.history_position,
+        "event_type": infer_event_type(e),
+        "system_instance_id": t.str(e.get("system_instance_id"), f"{path}.system_instance_id"),
+        "event_time": t.num(
+            time_record.get("event_time") if isinstance(time_record, Mapping) else None,
+            f"{path}.time_record.event_time",
+        ),
+        "time_record": time_record,
+        "reward": t.num(e.get("reward"), f"{path}.reward"),
+        "terminated": t.bool(e.get("terminated"), f"{path}.terminated"),
+        "truncated": t.bool(e.get("truncated"), f"{path}.truncated"),
+        "actions": e.get("actions"),
+        "system_state_before": e.get("system_state_before"),
+        "system_state_after": e.get("system_state_after"),
+        "model_name": t.str(e.get("model_name"), f"{path}.model_name"),
+        "provider": t.str(e.get("provider"), f"{path}.provider"),
+        "input_tokens": t.int(e.get("input_tokens"), f"{path}.input_tokens"),
+        "output_tokens": t.int(e.get("output_tokens"), f"{path}.output_tokens"),
+        "total_tokens": t.int(e.get("total_tokens"), f"{path}.total_tokens"),
+        "cost_usd": t.num(e.get("cost_usd"), f"{path}.cost_usd"),
+        "latency_ms": t.num(e.get("latency_ms"), f"{path}.latency_ms"),
+        "span_id": t.str(e.get("span_id"), f"{path}.span_id"),
+        "trace_id": t.str(e.get("trace_id"), f"{path}.trace_id"),
+        "call_records": e.get("call_records"),
+        "metadata": e.get("metadata"),
+        "event_metadata": e.get("event_metadata"),
+        "extra": _extra(e, EVENT_KEYS),
+    }
+
+
+def _message_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[str, Any]:
+    m = placed.item
+    if not isinstance(m, Mapping):
+        t.fail(path, "an object", m)
+        m = {}
+    content = m.get("content")
+    text: str | None = None
+    payload: str | None = None
+    extra = _extra(m, MESSAGE_KEYS) or {}
+    if isinstance(content, Mapping):
+        text = t.str(content.get("text"), f"{path}.content.text")
+        payload = t.str(content.get("json_payload"), f"{path}.content.json_payload")
+        other = {k: v for k, v in content.items() if k not in ("text", "json_payload")}
+        if other:
+            extra["content"] = other
+    elif isinstance(content, str):
+        text = content
+    elif content is not None:
+        extra["content"] = content
+    time_record = m.get("time_record")
+    tr = time_record if isinstance(time_record, Mapping) else {}
+    return {
+        "position": position,
+        "position_in_step": placed.position_in_step,
+        "history_position": placed.history_position,
+        "message_type": t.str(m.get("message_type"), f"{path}.message_type"),
+        "text": text,
+        "json_payload": payload,
+        "event_time": t.num(tr.get("event_time"), f"{path}.time_record.event_time"),
+        "message_time": t.num(tr.get("message_time"), f"{path}.time_record.message_time"),
+        "metadata": m.get("metadata"),
+        "extra": extra or None,
+    }
+
+
+def project_trace(
+    trace: Mapping[str, Any], trajectory_idx: int | None, t: _Typer, path: str
+) -> TraceRows:
+    """Rows of one trace of any kind (only full and wrapped traces have steps and events)."""
+    kind = classify_trace(trace) or "unknown"
+    view = view_trace(trace) if kind in ("full", "wrapped") else None
+    session: Mapping[str, Any] = view.session if view is not None else trace
+    sess_path = f"{path}.session_trace" if kind == "wrapped" else path
+    known = SESSION_KEYS if view is not None else frozenset(("session_id", "created_at", "metadata"))
+    rows = TraceRows(
+        trace={
+            "trajectory_idx": trajectory_idx,
+            "kind": kind,
+            "session_id": t.str(session.get("session_id"), f"{sess_path}.session_id"),
+            "created_at": parse_datetime(session.get("created_at")),
+            "metadata": session.get("metadata"),
+            "session_metadata": session.get("session_metadata"),
+            "wrapper": view.wrapper if view is not None else None,
+            "extra": _extra(session, known),
+            "n_time_steps": 0,
+            "n_events": 0,
+            "n_messages": 0,
+        }
+    )
+    if view is None:
+        return rows
+    for s, step in enumerate(view.time_steps):
+        sp = f"{sess_path}.session_time_steps[{s}]"
+        if not isinstance(step, Mapping):
+            t.fail(sp, "an object", step)
+            continue
+        rows.time_steps.append(
+            {
+                "position": s,
+                "step_id": t.str(step.get("step_id"), f"{sp}.step_id"),
+                "step_index": t.int(step.get("step_index"), f"{sp}.step_index"),
+                "turn_number": t.int(step.get("turn_number"), f"{sp}.turn_number"),
+                "timestamp": parse_datetime(step.get("timestamp")),
+                "completed_at": parse_datetime(step.get("completed_at")),
+                "step_metadata": step.get("step_metadata"),
+                "extra": _extra(step, TIME_STEP_KEYS),
+            }
+        )
+    for i, placed in enumerate(view.events):
+        rows.events.append(_event_row(placed, i, t, _where(sess_path, placed, "events")))
+        rows.event_steps.append(placed.step_position)
+    for i, placed in enumerate(view.messages):
+        rows.messages.append(_message_row(placed, i, t, _where(sess_path, placed, "messages")))
+        rows.message_steps.append(placed.step_position)
+    rows.trace["n_time_steps"] = len(rows.time_steps)
+    rows.trace["n_events"] = len(rows.events)
+    rows.trace["n_messages"] = len(rows.messages)
+    return rows
+
+
+def _where(sess_path: str, placed: Placed, what: str) -> str:
+    if placed.step_position is not None:
+        inner = "events" if what == "events" else "markov_blanket_messages"
+        return f"{sess_path}.session_time_steps[{placed.step_position}].{inner}[{placed.position_in_step}]"
+    history = "event_history" if what == "events" else "markov_blanket_message_history"
+    return f"{sess_path}.{history}[{placed.history_position}]"
+
+
+def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRows:
+    """All rows of a RolloutResponse already validated by wire.rollout.RolloutIn."""
+    t = _Typer()
+    metrics: Mapping[str, Any] = doc["metrics"]
+    trajectories: list[Mapping[str, Any]] = doc["trajectories"]
+    traj_rows: list[dict[str, Any]] = []
+    step_rows: list[list[dict[str, Any]]] = []
+    traces: list[TraceRows] = []
+    for i, traj in enumerate(trajectories):
+        own_cid, own_source = resolution.trajectory_cids[i]
+        steps: list[Mapping[str, Any]] = traj["steps"]
+        traj_rows.append(
+            {
+                "idx": i,
+                "env_id": traj.get("env_id"),
+                "policy_id": traj.get("policy_id"),
+                "length": traj.get("length"),
+                "inference_url": traj.get("inference_url"),
+                "correlation_id": own_cid,
+                "correlation_source": own_source,
+                "final": traj.get("final"),
+                "decision_samples": traj.get("decision_samples"),
+                "n_steps": len(steps),
+                "extra": _extra(traj, TRAJECTORY_KEYS),
+            }
+        )
+        step_rows.append(
+            [
+                {
+                    "idx": j,
+                    "obs": step.get("obs"),
+                    "tool_calls": step.get("tool_calls"),
+                    "reward": None if step.get("reward") is None else float(step["reward"]),
+                    "done": step.get("done"),
+                    "truncated": step.get("truncated"),
+                    "info": step.get("info"),
+                    "extra": _extra(step, STEP_KEYS),
+                }
+                for j, step in enumerate(steps)
+            ]
+        )
+        inner = traj.get("trace")
+        if isinstance(inner, Mapping):
+            traces.append(project_trace(inner, i, t, f"trajectories[{i}].trace"))
+    trace = doc.get("trace")
+    kind: str | None = None
+    if isinstance(trace, Mapping):
+        rows = project_trace(trace, None, t, "trace")
+        kind = rows.trace["kind"]
+        traces.insert(0, rows)
+    if t.errors:
+        raise InvalidRollout(
+            f"the trace has {len(t.errors)} value(s) of the wrong type; first: "
+            f"{t.errors[0]['path']}: {t.errors[0]['message']}",
+            errors=t.errors[:50],
+        )
+    top = traces[0] if traces and traces[0].trace["trajectory_idx"] is None else None
+    run = {
+        "run_id": doc["run_id"],
+        "correlation_id": resolution.correlation_id,
+        "correlation_source": resolution.source,
+        "trace_kind": kind,
+        "n_trajectories": len(trajectories),
+        "n_steps": sum(len(s) for s in step_rows),
+        "n_events": top.trace["n_events"] if top else 0,
+        "n_messages": top.trace["n_messages"] if top else 0,
+        "mean_return": float(metrics["mean_return"]),
+        "num_steps": metrics.get("num_steps"),
+        "num_episodes": metrics.get("num_episodes"),
+        "outcome_score": _opt_float(metrics.get("outcome_score")),
+        "events_score": _opt_float(metrics.get("events_score")),
+        "metrics": metrics,
+        "aborted": bool(doc.get("aborted", False)),
+        "ops_executed": doc.get("ops_executed", 0),
+        "branches": doc.get("branches"),
+        "pipeline_metadata": doc.get("pipeline_metadata"),
+    }
+    return RolloutRows(run=run, trajectories=traj_rows, steps=step_rows, traces=traces)
+
+
+def _opt_float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

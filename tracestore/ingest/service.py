@@ -1,0 +1,275 @@
+"""Ingest: one rollout, one transaction; idempotent by run_id and content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+import zstandard
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tracestore.correlation import resolve_correlation
+from tracestore.db.uow import write_session
+from tracestore.errors import Conflict, TracestoreError
+from tracestore.ingest.parse import parse_json, validate_rollout
+from tracestore.ingest.project import RolloutRows, project_rollout
+from tracestore.models import (
+    Run,
+    RunDocument,
+    Step,
+    Trace,
+    TraceEvent,
+    TraceMessage,
+    TraceTimeStep,
+    Trajectory,
+)
+
+Status = Literal["created", "duplicate", "conflict", "invalid"]
+DOCUMENT_ENCODING = "zstd"
+_MISSING = object()
+_local = threading.local()
+
+
+def _compressor() -> Any:
+    # ZstdCompressor is not safe to share across threads; one per thread is cheap.
+    comp = getattr(_local, "compressor", None)
+    if comp is None:
+        comp = _local.compressor = zstandard.ZstdCompressor(level=3)
+    return comp
+
+
+def compress_document(raw: bytes) -> bytes:
+    """Compress a raw document for the run_documents table."""
+    return bytes(_compressor().compress(raw))
+
+
+def decompress_document(body: bytes, encoding: str) -> bytes:
+    """Give back the raw document bytes stored by compress_document."""
+    if encoding != DOCUMENT_ENCODING:
+        raise ValueError(f"unknown document encoding {encoding!r}")
+    return bytes(zstandard.ZstdDecompressor().decompress(body))
+
+
+def content_hash(doc: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys): equal JSON values hash equal."""
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """The outcome of ingesting one rollout."""
+
+    run_id: str | None
+    status: Status
+    correlation_id: str | None = None
+    correlation_source: str | None = None
+    trace_kind: str | None = None
+    n_steps: int = 0
+    error: TracestoreError | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's body for this outcome (the error shape's fields under `error`)."""
+        out: dict[str, Any] = {
+            "run_id": self.run_id,
+            "status": self.status,
+            "correlation_id": self.correlation_id,
+            "correlation_source": self.correlation_source,
+            "trace_kind": self.trace_kind,
+        }
+        if self.error is not None:
+            out["error"] = {"code": self.error.code, "message": self.error.message}
+            out["error"].update(self.error.details)
+        return out
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A rollout checked and projected, ready to be written."""
+
+    doc: dict[str, Any]
+    raw: bytes
+    digest: str
+    rows: RolloutRows
+
+
+def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
+    """Parse (unless `doc` is given), validate and project one raw document."""
+    parsed = parse_json(raw) if doc is _MISSING else doc
+    valid = validate_rollout(parsed)
+    rows = project_rollout(valid, resolve_correlation(valid))
+    return Prepared(doc=valid, raw=raw, digest=content_hash(valid), rows=rows)
+
+
+class _RunIdTaken(Exception):
+    """Another transaction inserted the same run_id first (unique constraint)."""
+
+
+def _differing_parts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    keys = list(dict.fromkeys([*stored, *new]))
+    return [k for k in keys if stored.get(k, _MISSING) != new.get(k, _MISSING)]
+
+
+def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
+    run = session.execute(
+        select(Run.id, Run.content_hash, Run.correlation_id, Run.correlation_source, Run.trace_kind)
+        .where(Run.run_id == prepared.doc["run_id"])
+    ).first()
+    if run is None:
+        return None
+    rows = prepared.rows.run
+    if run.content_hash == prepared.digest:
+        return IngestResult(
+            run_id=prepared.doc["run_id"],
+            status="duplicate",
+            correlation_id=run.correlation_id,
+            correlation_source=run.correlation_source,
+            trace_kind=run.trace_kind,
+            n_steps=rows["n_steps"],
+        )
+    doc_row = session.execute(
+        select(RunDocument.body, RunDocument.encoding).where(RunDocument.run_pk == run.id)
+    ).one()
+    stored = orjson.loads(decompress_document(doc_row.body, doc_row.encoding))
+    parts = _differing_parts(stored, prepared.doc)
+    error = Conflict(
+        f"run_id {prepared.doc['run_id']!r} was already stored with other content; "
+        f"differing top-level parts: {', '.join(parts) or '(number spelling only)'}",
+        run_id=prepared.doc["run_id"],
+        differing_parts=parts,
+    )
+    return IngestResult(
+        run_id=prepared.doc["run_id"],
+        status="conflict",
+        correlation_id=rows["correlation_id"],
+        correlation_source=rows["correlation_source"],
+        trace_kind=rows["trace_kind"],
+        error=error,
+    )
+
+
+def _returning_ids(session: Session, table: Any, rows: list[dict[str, Any]]) -> list[int]:
+    if not rows:
+        return []
+    result = session.execute(
+        insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
+    )
+    return [r[0] for r in result]
+
+
+def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> int:
+    """Insert every row of a prepared rollout; returns the new run's primary key."""
+    rows = prepared.rows
+    run_row = dict(
+        rows.run,
+        received_at=received_at,
+        content_hash=prepared.digest,
+        doc_bytes=len(prepared.raw),
+    )
+    try:
+        # No savepoint: a unique-violation aborts the whole transaction, which is what we
+        # want (nothing else was written yet); the caller retries and finds the run.
+        run_pk = session.execute(insert(Run).returning(Run.id), run_row).scalar_one()
+    except IntegrityError as exc:
+        raise _RunIdTaken from exc
+    session.execute(
+        insert(RunDocument),
+        {"run_pk": run_pk, "encoding": DOCUMENT_ENCODING, "body": compress_document(prepared.raw)},
+    )
+    traj_table = Trajectory.__table__
+    traj_pks = _returning_ids(
+        session, traj_table, [dict(r, run_pk=run_pk) for r in rows.trajectories]
+    )
+    step_rows = [
+        dict(s, run_pk=run_pk, trajectory_pk=traj_pk)
+        for traj_pk, steps in zip(traj_pks, rows.steps, strict=True)
+        for s in steps
+    ]
+    if step_rows:
+        session.execute(insert(Step.__table__), step_rows)
+    for trace in rows.traces:
+        trace_pk = session.execute(
+            insert(Trace.__table__).returning(Trace.__table__.c.id), dict(trace.trace, run_pk=run_pk)
+        ).scalar_one()
+        step_pks = _returning_ids(
+            session,
+            TraceTimeStep.__table__,
+            [dict(s, trace_pk=trace_pk) for s in trace.time_steps],
+        )
+        by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
+        if trace.events:
+            session.execute(
+                insert(TraceEvent.__table__),
+                [
+                    dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+                    for e, s in zip(trace.events, trace.event_steps, strict=True)
+                ],
+            )
+        if trace.messages:
+            session.execute(
+                insert(TraceMessage.__table__),
+                [
+                    dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+                    for m, s in zip(trace.messages, trace.message_steps, strict=True)
+                ],
+            )
+    return run_pk
+
+
+def store_prepared(session: Session, prepared: Prepared) -> IngestResult:
+    """Store a prepared rollout in the caller's transaction, or say why not (dup/conflict)."""
+    existing = _existing(session, prepared)
+    if existing is not None:
+        return existing
+    write_rows(session, prepared, datetime.now(UTC))
+    run = prepared.rows.run
+    return IngestResult(
+        run_id=run["run_id"],
+        status="created",
+        correlation_id=run["correlation_id"],
+        correlation_source=run["correlation_source"],
+        trace_kind=run["trace_kind"],
+        n_steps=run["n_steps"],
+    )
+
+
+def ingest_prepared(engine: Engine, prepared: Prepared) -> IngestResult:
+    """Store one prepared rollout in its own transaction (all or nothing)."""
+    for _attempt in range(3):
+        try:
+            with write_session(engine) as session:
+                return store_prepared(session, prepared)
+        except _RunIdTaken:
+            # A concurrent request stored the same run_id between our check and our
+            # insert; the transaction rolled back whole. Re-check: duplicate or conflict.
+            continue
+    raise RuntimeError("run_id kept colliding with concurrent inserts")  # pragma: no cover
+
+
+def ingest_bytes(engine: Engine, raw: bytes, doc: Any = _MISSING) -> IngestResult:
+    """Ingest one raw document: parse, validate, project, store. Bad input raises."""
+    return ingest_prepared(engine, prepare(raw, doc))
+
+
+def ingest_many(engine: Engine, items: list[tuple[bytes, Any]]) -> list[IngestResult]:
+    """Ingest several documents, each standing or falling alone; errors become results."""
+    results: list[IngestResult] = []
+    for raw, doc in items:
+        try:
+            results.append(ingest_bytes(engine, raw, doc))
+        except TracestoreError as exc:
+            run_id = doc.get("run_id") if isinstance(doc, dict) else None
+            results.append(
+                IngestResult(
+                    run_id=run_id if isinstance(run_id, str) else None,
+                    status="invalid",
+                    error=exc,
+                )
+            )
+    return results

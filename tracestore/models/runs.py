@@ -1,0 +1,65 @@
+"""One row per accepted rollout, and its compressed raw document."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, LargeBinary
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tracestore.db.base import Base, BigIntPK
+
+
+class Run(Base):
+    """A rollout (one RolloutResponse), with the figures queries filter and sort by."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    run_id: Mapped[str] = mapped_column(unique=True)
+    # Canonical cid (SPEC §4) and where it was found.
+    correlation_id: Mapped[str | None]
+    correlation_source: Mapped[str | None]
+    received_at: Mapped[datetime]
+    # SPEC §3 shape of `trace`; NULL when trace is null.
+    trace_kind: Mapped[str | None]
+    n_trajectories: Mapped[int]
+    n_steps: Mapped[int]
+    n_events: Mapped[int]
+    n_messages: Mapped[int]
+    mean_return: Mapped[float | None]
+    num_steps: Mapped[int | None]
+    num_episodes: Mapped[int | None]
+    outcome_score: Mapped[float | None]
+    events_score: Mapped[float | None]
+    metrics: Mapped[dict[str, Any]]
+    aborted: Mapped[bool]
+    ops_executed: Mapped[int]
+    branches: Mapped[Any] = mapped_column(nullable=True)
+    pipeline_metadata: Mapped[Any] = mapped_column(nullable=True)
+    # sha256 of the document's canonical JSON (sorted keys): decides duplicate vs conflict.
+    content_hash: Mapped[str]
+    # Size of the document as received, in bytes.
+    doc_bytes: Mapped[int]
+
+    __table_args__ = (
+        Index("ix_runs_correlation_id", "correlation_id"),
+        Index("ix_runs_received_at", "received_at"),
+    )
+
+
+class RunDocument(Base):
+    """The document as received, zstd-compressed: what GET /v1/rollouts/{run_id} returns.
+
+    The typed tables are what queries and reports read; this copy is what makes the store
+    lossless to the byte (key order, number spelling, NUL characters on PostgreSQL).
+    """
+
+    __tablename__ = "run_documents"
+
+    run_pk: Mapped[int] = mapped_column(
+        BigIntPK, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    encoding: Mapped[str]
+    body: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,1 @@
+"""What producers send (SPEC.md): lenient parsing helpers and wire models."""

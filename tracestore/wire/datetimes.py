@@ -1,0 +1,82 @@
+"""Datetime forms seen on the wire (SPEC §2), parsed to aware UTC datetimes."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+# `datetime.datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=datetime.timezone.utc)`:
+# the Python repr that task apps built on the SDK's app factory emit.
+_REPR = re.compile(
+    r"^datetime\.datetime\((?P<args>[\d,\s]+?)(?:,\s*tzinfo\s*=\s*(?P<tz>.*))?\)$"
+)
+_TZ_DELTA = re.compile(
+    r"datetime\.timezone\(datetime\.timedelta\((?P<body>[^)]*)\)(?:,\s*'[^']*')?\)"
+)
+
+
+def _repr_tz(text: str | None) -> timezone | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if text in ("datetime.timezone.utc", "timezone.utc", "UTC", "tzutc()"):
+        return UTC
+    match = _TZ_DELTA.fullmatch(text)
+    if match is None:
+        raise ValueError(f"unknown tzinfo {text!r}")
+    kwargs: dict[str, float] = {}
+    for part in match.group("body").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" in part:
+            key, _, value = part.partition("=")
+            kwargs[key.strip()] = float(value)
+        else:
+            # Positional form timedelta(days, seconds, microseconds).
+            order = ("days", "seconds", "microseconds")
+            kwargs[order[len(kwargs)]] = float(part)
+    return timezone(timedelta(**kwargs))
+
+
+def _parse_repr(text: str) -> datetime | None:
+    match = _REPR.match(text)
+    if match is None:
+        return None
+    args = [int(a) for a in match.group("args").split(",") if a.strip()]
+    if not 3 <= len(args) <= 7:
+        raise ValueError(f"bad datetime repr {text!r}")
+    tz = _repr_tz(match.group("tz"))
+    return datetime(*args, tzinfo=tz)  # type: ignore[misc]  # 3 to 7 ints checked above
+
+
+def parse_datetime(value: object) -> datetime | None:
+    """Parse any SPEC §2 datetime form to an aware UTC datetime; None for null or unparseable.
+
+    Naive values are taken as UTC: producers write UTC without saying so.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    parsed: datetime | None
+    try:
+        if isinstance(value, int | float):
+            if not math.isfinite(value):
+                return None
+            parsed = datetime.fromtimestamp(float(value), tz=UTC)
+        elif isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return None
+            parsed = _parse_repr(text) if text.startswith("datetime.") else None
+            if parsed is None:
+                if text.endswith(("Z", "z")):
+                    text = text[:-1] + "+00:00"
+                parsed = datetime.fromisoformat(text)
+        else:
+            return None
+    except (ValueError, OverflowError, OSError, TypeError):
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
