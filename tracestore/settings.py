@@ -7,7 +7,6 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-
 DEFAULT_DATABASE_URL = "sqlite:///./tracestore.db"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 

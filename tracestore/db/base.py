@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, Integer, MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -29,7 +29,7 @@ class Base(DeclarativeBase):
     """Base of every ORM table."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map: dict[Any, Any] = {
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
         str: SafeText(),
         # Wire integers are 64-bit (validated), and so are our counts.
         int: BigInteger(),

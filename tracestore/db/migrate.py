@@ -24,9 +24,7 @@ def alembic_config(url: str | None = None):  # type: ignore[no-untyped-def]  # a
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.set_main_option(
-        "file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s"
-    )
+    cfg.set_main_option("file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s")
     if url is not None:
         # Percent signs in passwords would be read as interpolation by ConfigParser.
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))

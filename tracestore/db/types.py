@@ -28,7 +28,7 @@ def json_dumps_pg(value: Any) -> str:
     """Serialize JSON for PostgreSQL jsonb, replacing NUL characters that jsonb refuses."""
     raw = orjson.dumps(value)
     if b"\\u0000" in raw:
-        raw = _JSON_NUL.sub(lambda m: m.group(1) + "\\u2400".encode(), raw)
+        raw = _JSON_NUL.sub(lambda m: m.group(1) + b"\\u2400", raw)
     return raw.decode()
 
 

@@ -233,7 +233,9 @@ def project_trace(
     view = view_trace(trace) if kind in ("full", "wrapped") else None
     session: Mapping[str, Any] = view.session if view is not None else trace
     sess_path = f"{path}.session_trace" if kind == "wrapped" else path
-    known = SESSION_KEYS if view is not None else frozenset(("session_id", "created_at", "metadata"))
+    known = (
+        SESSION_KEYS if view is not None else frozenset(("session_id", "created_at", "metadata"))
+    )
     rows = TraceRows(
         trace={
             "trajectory_idx": trajectory_idx,
@@ -283,7 +285,8 @@ def project_trace(
 def _where(sess_path: str, placed: Placed, what: str) -> str:
     if placed.step_position is not None:
         inner = "events" if what == "events" else "markov_blanket_messages"
-        return f"{sess_path}.session_time_steps[{placed.step_position}].{inner}[{placed.position_in_step}]"
+        step = f"{sess_path}.session_time_steps[{placed.step_position}]"
+        return f"{step}.{inner}[{placed.position_in_step}]"
     history = "event_history" if what == "events" else "markov_blanket_message_history"
     return f"{sess_path}.{history}[{placed.history_position}]"
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 import zstandard
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -118,8 +118,9 @@ def _differing_parts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
     run = session.execute(
-        select(Run.id, Run.content_hash, Run.correlation_id, Run.correlation_source, Run.trace_kind)
-        .where(Run.run_id == prepared.doc["run_id"])
+        select(
+            Run.id, Run.content_hash, Run.correlation_id, Run.correlation_source, Run.trace_kind
+        ).where(Run.run_id == prepared.doc["run_id"])
     ).first()
     if run is None:
         return None
@@ -154,7 +155,12 @@ def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
     )
 
 
-def _returning_ids(session: Session, table: Any, rows: list[dict[str, Any]]) -> list[int]:
+def _table(model: Any) -> Table:
+    table: Table = model.__table__
+    return table
+
+
+def _returning_ids(session: Session, table: Table, rows: list[dict[str, Any]]) -> list[int]:
     if not rows:
         return []
     result = session.execute(
@@ -182,7 +188,7 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
         insert(RunDocument),
         {"run_pk": run_pk, "encoding": DOCUMENT_ENCODING, "body": compress_document(prepared.raw)},
     )
-    traj_table = Trajectory.__table__
+    traj_table = _table(Trajectory)
     traj_pks = _returning_ids(
         session, traj_table, [dict(r, run_pk=run_pk) for r in rows.trajectories]
     )
@@ -192,20 +198,21 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
         for s in steps
     ]
     if step_rows:
-        session.execute(insert(Step.__table__), step_rows)
+        session.execute(insert(_table(Step)), step_rows)
     for trace in rows.traces:
         trace_pk = session.execute(
-            insert(Trace.__table__).returning(Trace.__table__.c.id), dict(trace.trace, run_pk=run_pk)
+            insert(_table(Trace)).returning(_table(Trace).c.id),
+            dict(trace.trace, run_pk=run_pk),
         ).scalar_one()
         step_pks = _returning_ids(
             session,
-            TraceTimeStep.__table__,
+            _table(TraceTimeStep),
             [dict(s, trace_pk=trace_pk) for s in trace.time_steps],
         )
         by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
         if trace.events:
             session.execute(
-                insert(TraceEvent.__table__),
+                insert(_table(TraceEvent)),
                 [
                     dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
                     for e, s in zip(trace.events, trace.event_steps, strict=True)
@@ -213,7 +220,7 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
             )
         if trace.messages:
             session.execute(
-                insert(TraceMessage.__table__),
+                insert(_table(TraceMessage)),
                 [
                     dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
                     for m, s in zip(trace.messages, trace.message_steps, strict=True)

@@ -8,9 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 # `datetime.datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=datetime.timezone.utc)`:
 # the Python repr that task apps built on the SDK's app factory emit.
-_REPR = re.compile(
-    r"^datetime\.datetime\((?P<args>[\d,\s]+?)(?:,\s*tzinfo\s*=\s*(?P<tz>.*))?\)$"
-)
+_REPR = re.compile(r"^datetime\.datetime\((?P<args>[\d,\s]+?)(?:,\s*tzinfo\s*=\s*(?P<tz>.*))?\)$")
 _TZ_DELTA = re.compile(
     r"datetime\.timezone\(datetime\.timedelta\((?P<body>[^)]*)\)(?:,\s*'[^']*')?\)"
 )
@@ -48,7 +46,7 @@ def _parse_repr(text: str) -> datetime | None:
     if not 3 <= len(args) <= 7:
         raise ValueError(f"bad datetime repr {text!r}")
     tz = _repr_tz(match.group("tz"))
-    return datetime(*args, tzinfo=tz)  # type: ignore[misc]  # 3 to 7 ints checked above
+    return datetime(*args, tzinfo=tz)  # type: ignore[misc,arg-type]  # 3 to 7 ints, checked
 
 
 def parse_datetime(value: object) -> datetime | None:

@@ -151,12 +151,9 @@ def view_trace(trace: Mapping[str, Any]) -> TraceView:
     if classify_trace(trace) == "wrapped":
         session, wrapper = unwrap_trace(trace)
     steps = _as_list(session.get("session_time_steps"))
-    step_events = [
-        _as_list(s.get("events")) if isinstance(s, Mapping) else [] for s in steps
-    ]
+    step_events = [_as_list(s.get("events")) if isinstance(s, Mapping) else [] for s in steps]
     step_messages = [
-        _as_list(s.get("markov_blanket_messages")) if isinstance(s, Mapping) else []
-        for s in steps
+        _as_list(s.get("markov_blanket_messages")) if isinstance(s, Mapping) else [] for s in steps
     ]
     return TraceView(
         session=session,

@@ -1,0 +1,70 @@
+"""create_app(settings): the FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from tracestore import __version__
+from tracestore.api.deps import AppState, require_api_key
+from tracestore.api.errors import install_error_handlers
+from tracestore.api.routes import rollouts, service
+from tracestore.db import migrate
+from tracestore.db.engine import create_engine
+from tracestore.settings import Settings
+from tracestore.wire.rollout import RolloutIn
+
+DESCRIPTION = """\
+tracestore keeps RL rollouts (legacy trajectories and v3 traces) losslessly, keyed by run id
+and by trace correlation id. Every error body is `{"error": {"code", "message", ...}}`.
+When `TRACESTORE_API_KEYS` is set, every `/v1` route needs `X-API-Key` (or
+`Authorization: Bearer`).
+"""
+
+
+def create_app(settings: Settings | None = None, *, check_schema: bool = True) -> FastAPI:
+    """Build the API over the store named by `settings` (read from the environment if None)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = create_engine(settings.database_url)
+        if check_schema:
+            # Refuse to serve a stale schema, with the fix in the message.
+            migrate.check_schema(engine)
+        app.state.tracestore = AppState(settings=settings, engine=engine)
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="tracestore",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(service.router)
+    app.include_router(rollouts.router, dependencies=[Depends(require_api_key)])
+
+    def openapi() -> dict[str, Any]:
+        # Rollout bodies are read raw (to store them as received), so FastAPI does not see
+        # their model: add RolloutIn and its parts to the components by hand.
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            rollout = RolloutIn.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(rollout.pop("$defs", {}))
+            components["RolloutIn"] = rollout
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
+    return app

@@ -1,0 +1,116 @@
+"""Every error becomes `{"error": {"code", "message", ...}}`; the status table is here."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from tracestore import errors
+
+log = logging.getLogger("tracestore.api")
+
+
+class JSONBody(Response):
+    """A JSON response rendered by orjson (datetimes as ISO 8601)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """Serialize the content."""
+        return orjson.dumps(content)
+
+
+# The one table from domain errors to HTTP statuses.
+STATUS: dict[type[errors.TracestoreError], int] = {
+    errors.InvalidJSON: 400,
+    errors.Unauthorized: 401,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PayloadTooLarge: 413,
+    errors.UnsupportedMediaType: 415,
+    errors.InvalidRollout: 422,
+    errors.InvalidRequest: 422,
+    errors.SchemaOutOfDate: 503,
+}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+}
+
+
+def status_of(exc: errors.TracestoreError) -> int:
+    """HTTP status of a domain error (the most specific class in STATUS wins)."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    """The error shape."""
+    return {"error": {"code": code, "message": message, **details}}
+
+
+def error_response(exc: errors.TracestoreError) -> JSONBody:
+    """The HTTP response of a domain error."""
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.Unauthorized) else None
+    return JSONBody(
+        error_body(exc.code, exc.message, **exc.details),
+        status_code=status_of(exc),
+        headers=headers,
+    )
+
+
+async def _domain(_request: Request, exc: Exception) -> JSONBody:
+    assert isinstance(exc, errors.TracestoreError)
+    return error_response(exc)
+
+
+async def _validation(_request: Request, exc: Exception) -> JSONBody:
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {
+            "path": ".".join(str(p) for p in e.get("loc", ())),
+            "message": str(e.get("msg", "invalid")),
+        }
+        for e in exc.errors()
+    ]
+    first = problems[0] if problems else {"path": "", "message": "invalid request"}
+    return JSONBody(
+        error_body("invalid_request", f"{first['path']}: {first['message']}", errors=problems),
+        status_code=422,
+    )
+
+
+async def _http(_request: Request, exc: Exception) -> JSONBody:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    return JSONBody(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONBody:
+    # Logged with the traceback; the client gets the error shape without internals.
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONBody(
+        error_body("internal_error", "internal error; it has been logged"), status_code=500
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error on `app` use the error shape."""
+    app.add_exception_handler(errors.TracestoreError, _domain)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

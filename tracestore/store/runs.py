@@ -1,0 +1,172 @@
+"""Run look-ups: a document by run_id, summaries by filters and by correlation id."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Select, or_, select
+from sqlalchemy.orm import Session
+
+from tracestore.errors import InvalidRequest, NotFound
+from tracestore.ingest.service import decompress_document
+from tracestore.models import Run, RunDocument, Trajectory
+
+MAX_LIMIT = 1000
+SUMMARY_COLUMNS = (
+    Run.id,
+    Run.run_id,
+    Run.correlation_id,
+    Run.correlation_source,
+    Run.received_at,
+    Run.trace_kind,
+    Run.n_trajectories,
+    Run.n_steps,
+    Run.n_events,
+    Run.n_messages,
+    Run.mean_return,
+    Run.aborted,
+    Run.doc_bytes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """Filters of GET /v1/rollouts (every one optional)."""
+
+    correlation_id: str | None = None
+    env_id: str | None = None
+    policy_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    trace_kind: str | None = None
+    has_trajectories: bool | None = None
+
+
+def get_document(session: Session, run_id: str) -> bytes:
+    """The rollout exactly as received (raw JSON bytes); NotFound when absent."""
+    row = session.execute(
+        select(RunDocument.body, RunDocument.encoding)
+        .join(Run, Run.id == RunDocument.run_pk)
+        .where(Run.run_id == run_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
+    return decompress_document(row.body, row.encoding)
+
+
+def encode_cursor(last_pk: int) -> str:
+    """An opaque keyset cursor after the run with primary key `last_pk`."""
+    return base64.urlsafe_b64encode(orjson.dumps({"v": 1, "before": last_pk})).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The primary key a cursor points after; InvalidRequest for anything else."""
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        before = data["before"]
+        if data.get("v") != 1 or not isinstance(before, int) or isinstance(before, bool):
+            raise ValueError
+        return before
+    except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise InvalidRequest("cursor is not one this service issued", cursor=cursor) from None
+
+
+def _filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
+    if f.correlation_id is not None:
+        in_trajectories = select(Trajectory.run_pk).where(
+            Trajectory.correlation_id == f.correlation_id
+        )
+        query = query.where(
+            or_(Run.correlation_id == f.correlation_id, Run.id.in_(in_trajectories))
+        )
+    if f.env_id is not None:
+        query = query.where(
+            Run.id.in_(select(Trajectory.run_pk).where(Trajectory.env_id == f.env_id))
+        )
+    if f.policy_id is not None:
+        query = query.where(
+            Run.id.in_(select(Trajectory.run_pk).where(Trajectory.policy_id == f.policy_id))
+        )
+    if f.since is not None:
+        query = query.where(Run.received_at >= f.since)
+    if f.until is not None:
+        query = query.where(Run.received_at < f.until)
+    if f.trace_kind is not None:
+        query = query.where(Run.trace_kind == f.trace_kind)
+    if f.has_trajectories is not None:
+        query = query.where(
+            Run.n_trajectories > 0 if f.has_trajectories else Run.n_trajectories == 0
+        )
+    return query
+
+
+def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
+    pks = [r.id for r in rows]
+    envs: dict[int, list[str]] = {}
+    policies: dict[int, list[str]] = {}
+    if pks:
+        for t in session.execute(
+            select(Trajectory.run_pk, Trajectory.env_id, Trajectory.policy_id)
+            .where(Trajectory.run_pk.in_(pks))
+            .order_by(Trajectory.run_pk, Trajectory.idx)
+        ):
+            if t.env_id is not None and t.env_id not in envs.setdefault(t.run_pk, []):
+                envs[t.run_pk].append(t.env_id)
+            if t.policy_id is not None and t.policy_id not in policies.setdefault(t.run_pk, []):
+                policies[t.run_pk].append(t.policy_id)
+    return [
+        {
+            "run_id": r.run_id,
+            "correlation_id": r.correlation_id,
+            "correlation_source": r.correlation_source,
+            "received_at": r.received_at,
+            "trace_kind": r.trace_kind,
+            "n_trajectories": r.n_trajectories,
+            "n_steps": r.n_steps,
+            "n_events": r.n_events,
+            "n_messages": r.n_messages,
+            "env_ids": envs.get(r.id, []),
+            "policy_ids": policies.get(r.id, []),
+            "mean_return": r.mean_return,
+            "aborted": r.aborted,
+            "doc_bytes": r.doc_bytes,
+            "drift_kinds": [],
+        }
+        for r in rows
+    ]
+
+
+def list_runs(
+    session: Session, f: RunFilter, limit: int = 100, cursor: str | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run summaries, newest first, one keyset page; returns (items, next_cursor)."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}", limit=limit)
+    # Newest first by primary key: it increases with arrival, is unique (a total order
+    # for keyset paging) and is the clustered key on SQLite.
+    query = _filtered(select(*SUMMARY_COLUMNS), f).order_by(Run.id.desc()).limit(limit + 1)
+    if cursor is not None:
+        query = query.where(Run.id < decode_cursor(cursor))
+    rows = list(session.execute(query))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return _summaries(session, rows), (encode_cursor(rows[-1].id) if more else None)
+
+
+def runs_by_correlation(session: Session, cid: str) -> list[dict[str, Any]]:
+    """Every run whose canonical or per-trajectory cid is `cid` (NotFound when none)."""
+    in_trajectories = select(Trajectory.run_pk).where(Trajectory.correlation_id == cid)
+    query = (
+        select(*SUMMARY_COLUMNS)
+        .where(or_(Run.correlation_id == cid, Run.id.in_(in_trajectories)))
+        .order_by(Run.id.desc())
+    )
+    rows = list(session.execute(query))
+    if not rows:
+        raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
+    return _summaries(session, rows)
