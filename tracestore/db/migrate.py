@@ -100,3 +100,16 @@ def ensure_schema(engine: Engine, *, create_new: bool) -> str:
     if create_new and is_empty(engine):
         upgrade(engine)
     return check_schema(engine)
+
+
+def schema_differences(engine: Engine) -> list[str]:
+    """Differences between the database's schema and the models (empty when they match)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    import tracestore.models  # noqa: F401  (registers the tables)
+    from tracestore.db.base import Base
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        return [repr(d) for d in compare_metadata(context, Base.metadata)]
