@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
 from tracestore.errors import TracestoreError
@@ -19,14 +26,17 @@ BATCH_BYTES = 8 * 1024 * 1024
 SHOW_PROBLEMS = 20
 
 
+def _advance(progress: Progress, task: TaskID, start: int, read: int) -> None:
+    progress.update(task, completed=start + read)
+
+
 def _items(paths: list[Path], progress: Progress) -> Iterator[FileItem]:
     total = sum(p.stat().st_size for p in paths)
     task = progress.add_task("ingesting", total=total)
     done = 0
     for path in paths:
         progress.update(task, description=path.name)
-        start = done
-        yield from iter_file(path, lambda n: progress.update(task, completed=start + n))
+        yield from iter_file(path, lambda n, start=done: progress.update(task, completed=start + n))
         done += path.stat().st_size
         progress.update(task, completed=done)
 

@@ -35,7 +35,7 @@ def _stem_suffix(path: Path) -> str:
 def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
     raw: IO[bytes] = path.open("rb")
     if path.name.lower().endswith(".gz"):
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw)
+        stream: IO[bytes] = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]  # typeshed: GzipFile is a BufferedIOBase, usable as IO[bytes]
         return stream, raw
     return raw, raw
 
