@@ -36,7 +36,7 @@ def _items(paths: list[Path], progress: Progress) -> Iterator[FileItem]:
     done = 0
     for path in paths:
         progress.update(task, description=path.name)
-        yield from iter_file(path, lambda n, start=done: progress.update(task, completed=start + n))
+        yield from iter_file(path, functools.partial(_advance, progress, task, done))
         done += path.stat().st_size
         progress.update(task, completed=done)
 
