@@ -26,6 +26,21 @@ When `TRACESTORE_API_KEYS` is set, every `/v1` route needs `X-API-Key` (or
 """
 
 
+def _use_error_shape_for_validation(schema: dict[str, Any]) -> None:
+    # FastAPI documents its parameter-validation 422 with its own body; ours is the error
+    # shape (api/errors.py), so say that.
+    ours = {"$ref": "#/components/schemas/ErrorBody"}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            response = operation.get("responses", {}).get("422")
+            content = (response or {}).get("content", {}).get("application/json", {})
+            if content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                content["schema"] = ours
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+
+
 def create_app(settings: Settings | None = None, *, check_schema: bool = True) -> FastAPI:
     """Build the API over the store named by `settings` (read from the environment if None)."""
     settings = settings or Settings()
@@ -63,6 +78,7 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.update(rollout.pop("$defs", {}))
             components["RolloutIn"] = rollout
+            _use_error_shape_for_validation(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

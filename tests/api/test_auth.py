@@ -1,0 +1,70 @@
+"""TRACESTORE_API_KEYS: every /v1 route needs a key; /health stays open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from tests.conftest import Database, Example, LiveServer, row_counts
+from tracestore.api.deps import key_is_valid
+from tracestore.settings import Settings
+
+KEYS = ["key-one", "key-two"]
+
+
+@pytest.fixture(scope="module")
+def locked(database: Database) -> Iterator[LiveServer]:
+    with LiveServer(Settings(database_url=database.url, api_keys=KEYS)) as live:
+        yield live
+
+
+V1_ROUTES = [
+    ("GET", "/v1/rollouts"),
+    ("GET", "/v1/rollouts/some-run"),
+    ("GET", "/v1/correlations/some-cid"),
+    ("POST", "/v1/rollouts"),
+    ("POST", "/v1/rollouts/batch"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), V1_ROUTES)
+@pytest.mark.parametrize("headers", [{}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer no"}])
+def test_v1_refuses_without_a_valid_key(
+    locked: LiveServer, engine: Engine, method: str, path: str, headers: dict[str, str]
+) -> None:
+    response = httpx.request(method, locked.url + path, headers=headers, content=b"{}")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert set(row_counts(engine).values()) == {0}
+
+
+def test_health_stays_open(locked: LiveServer) -> None:
+    assert httpx.get(locked.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers", [{"X-API-Key": "key-one"}, {"Authorization": "Bearer key-two"}]
+)
+def test_valid_keys_pass(
+    locked: LiveServer, engine: Engine, examples: list[Example], headers: dict[str, str]
+) -> None:
+    response = httpx.post(locked.url + "/v1/rollouts", content=examples[0].raw, headers=headers)
+    assert response.status_code == 201
+    assert httpx.get(locked.url + "/v1/rollouts", headers=headers).status_code == 200
+
+
+def test_key_check() -> None:
+    assert key_is_valid("b", ["a", "b"])
+    assert not key_is_valid("c", ["a", "b"])
+    assert not key_is_valid("", ["a"])
+    assert not key_is_valid("a", [])
+
+
+def test_keys_come_from_a_comma_separated_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACESTORE_API_KEYS", " k1, k2 ,,")
+    assert Settings().api_keys == ["k1", "k2"]
+    monkeypatch.delenv("TRACESTORE_API_KEYS")
+    assert Settings().api_keys == []

@@ -1,0 +1,63 @@
+"""/health, /info, the error shape for FastAPI's own errors, and the OpenAPI document."""
+
+from __future__ import annotations
+
+import httpx
+
+from tracestore.db import migrate
+
+
+def test_health(http: httpx.Client) -> None:
+    response = http.get("/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["healthy"] is True
+    assert body["schema_revision"] == migrate.head_revision()
+
+
+def test_info(http: httpx.Client, backend: str) -> None:
+    body = http.get("/info").json()
+    assert body["backend"] == backend
+    assert body["schema_revision"] == body["expected_revision"] == migrate.head_revision()
+    assert body["limits"]["max_body_bytes"] == 64 * 1024 * 1024
+    assert body["auth_required"] is False
+
+
+def test_unknown_route_and_method_use_the_error_shape(http: httpx.Client) -> None:
+    missing = http.get("/v2/nothing")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong = http.delete("/v1/rollouts")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+    not_stored = http.get("/v1/rollouts/nope")
+    assert not_stored.status_code == 404
+    assert not_stored.json()["error"] == {
+        "code": "not_found",
+        "message": "no rollout with run_id 'nope'",
+        "run_id": "nope",
+    }
+
+
+def test_openapi_describes_every_route_and_its_errors(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    paths = schema["paths"]
+    for path, method in [
+        ("/health", "get"),
+        ("/info", "get"),
+        ("/v1/rollouts", "post"),
+        ("/v1/rollouts/batch", "post"),
+        ("/v1/rollouts/{run_id}", "get"),
+        ("/v1/rollouts", "get"),
+        ("/v1/correlations/{cid}", "get"),
+    ]:
+        operation = paths[path][method]
+        assert operation.get("summary"), (path, method)
+        for status, response in operation["responses"].items():
+            if status.startswith(("4", "5")):
+                ref = response["content"]["application/json"]["schema"]["$ref"]
+                assert ref.endswith("/ErrorBody"), (path, status)
+    post = paths["/v1/rollouts"]["post"]
+    assert {"400", "409", "413", "422"} <= set(post["responses"])
+    assert "RolloutIn" in schema["components"]["schemas"]
+    assert http.get("/docs").status_code == 200

@@ -1,0 +1,290 @@
+"""Test fixtures: every store/API test runs on SQLite and on a real PostgreSQL.
+
+Select databases with `--db sqlite|postgresql|both` (or TRACESTORE_TEST_DATABASES).
+PostgreSQL comes from TRACESTORE_TEST_PG_URL (default: the local server, database
+`test`); each run creates its own database there and drops it at the end. When
+PostgreSQL is unreachable its tests are skipped and the run says so loudly, unless
+TRACESTORE_TEST_REQUIRE_PG=1 (as in CI), which makes it an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from tracestore.db import migrate
+from tracestore.db.base import Base
+from tracestore.db.engine import create_engine as store_engine
+from tracestore.settings import Settings
+
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+EXAMPLES = Path(
+    os.environ.get(
+        "TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[2] / "shared" / "examples"
+    )
+)
+
+_pg_problem: str | None = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--db",
+        default=os.environ.get("TRACESTORE_TEST_DATABASES", "both"),
+        choices=("sqlite", "postgresql", "both"),
+        help="which databases the store and API tests run on",
+    )
+
+
+def _admin_url() -> str:
+    return os.environ.get("TRACESTORE_TEST_PG_URL", DEFAULT_PG)
+
+
+def _pg_reachable() -> str | None:
+    """None when PostgreSQL answers, else why not."""
+    try:
+        engine = create_engine(_admin_url(), connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:  # any failure means: not usable for this run
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _pg_problem
+    if config.getoption("--db") in ("postgresql", "both"):
+        _pg_problem = _pg_reachable()
+        if _pg_problem and os.environ.get("TRACESTORE_TEST_REQUIRE_PG") == "1":
+            raise pytest.UsageError(
+                f"PostgreSQL is required (TRACESTORE_TEST_REQUIRE_PG=1) but unreachable at "
+                f"{make_url(_admin_url()).render_as_string(hide_password=True)}: {_pg_problem}"
+            )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    choice = config.getoption("--db")
+    if choice == "sqlite":
+        return ["databases: SQLite only (--db sqlite): PostgreSQL NOT tested"]
+    if _pg_problem:
+        return [
+            "!" * 70,
+            f"databases: PostgreSQL UNREACHABLE ({_pg_problem});",
+            "its tests are SKIPPED: this run does NOT cover PostgreSQL",
+            "!" * 70,
+        ]
+    return [f"databases: {choice} (PostgreSQL at {make_url(_admin_url()).host})"]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if config.getoption("--db") != "sqlite" and _pg_problem:
+        terminalreporter.write_line(
+            f"WARNING: PostgreSQL was unreachable ({_pg_problem}); its tests were skipped.",
+            red=True,
+            bold=True,
+        )
+
+
+def backends(config: pytest.Config) -> list[str]:
+    choice = config.getoption("--db")
+    return ["sqlite", "postgresql"] if choice == "both" else [choice]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", backends(metafunc.config), scope="session")
+
+
+@dataclass
+class Database:
+    """A database of one backend for this test run."""
+
+    backend: str
+    url: str
+
+
+class _PgDatabases:
+    """Creates (and drops at the end) private PostgreSQL databases for this run."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.admin = create_engine(_admin_url(), isolation_level="AUTOCOMMIT")
+
+    def new(self, purpose: str) -> str:
+        name = f"tracestore_{purpose}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        self.created.append(name)
+        return make_url(_admin_url()).set(database=name).render_as_string(hide_password=False)
+
+    def drop_all(self) -> None:
+        with self.admin.connect() as conn:
+            for name in self.created:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_databases() -> Iterator[_PgDatabases | None]:
+    if _pg_problem is not None:
+        yield None
+        return
+    pgs = _PgDatabases()
+    yield pgs
+    pgs.drop_all()
+
+
+def new_database(
+    backend: str, purpose: str, tmp_factory: pytest.TempPathFactory, pgs: _PgDatabases | None
+) -> Database:
+    """A fresh, empty database of `backend` (skips when PostgreSQL is unreachable)."""
+    if backend == "postgresql":
+        if pgs is None:
+            pytest.skip(f"PostgreSQL unreachable: {_pg_problem}")
+        return Database(backend, pgs.new(purpose))
+    path = tmp_factory.mktemp(purpose) / "store.db"
+    return Database(backend, f"sqlite:///{path}")
+
+
+@pytest.fixture(scope="session")
+def database(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
+) -> Database:
+    """The run's shared store database of `backend`, migrated to head once."""
+    db = new_database(backend, "store", tmp_path_factory, pg_databases)
+    engine = store_engine(db.url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return db
+
+
+@pytest.fixture(scope="session")
+def session_engine(database: Database) -> Iterator[Engine]:
+    engine = store_engine(database.url)
+    yield engine
+    engine.dispose()
+
+
+def wipe(engine: Engine) -> None:
+    """Delete every row of every table (between tests)."""
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in tables:
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+def row_counts(engine: Engine) -> dict[str, int]:
+    """Rows in every table."""
+    with engine.connect() as conn:
+        return {
+            t.name: conn.execute(text(f"SELECT count(*) FROM {t.name}")).scalar_one()
+            for t in Base.metadata.sorted_tables
+        }
+
+
+@pytest.fixture
+def engine(session_engine: Engine) -> Iterator[Engine]:
+    """The store's engine, on an empty store (wiped after the test)."""
+    wipe(session_engine)
+    yield session_engine
+    wipe(session_engine)
+
+
+# --- a real HTTP server (uvicorn on a loopback port, in a thread) -------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LiveServer:
+    """uvicorn serving create_app(settings) on 127.0.0.1; real sockets, real HTTP."""
+
+    def __init__(self, settings: Settings) -> None:
+        import uvicorn
+
+        from tracestore.api import create_app
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def server(database: Database) -> Iterator[LiveServer]:
+    """A live server over the run's store database (default settings)."""
+    with LiveServer(Settings(database_url=database.url)) as live:
+        yield live
+
+
+@pytest.fixture
+def http(server: LiveServer, engine: Engine) -> Iterator[Any]:
+    """An httpx client on the live server, over an empty store."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+# --- the examples ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """One line of shared/examples: raw bytes, parsed document, label."""
+
+    line: int
+    raw: bytes
+    doc: dict[str, Any]
+    label: dict[str, Any]
+
+
+def load_examples() -> list[Example]:
+    raws = (EXAMPLES / "rollouts.jsonl").read_bytes().splitlines()
+    labels = [json.loads(x) for x in (EXAMPLES / "labels.jsonl").read_text().splitlines()]
+    assert len(raws) == len(labels) > 0
+    return [
+        Example(i + 1, raw, json.loads(raw), label)
+        for i, (raw, label) in enumerate(zip(raws, labels, strict=True))
+    ]
+
+
+@pytest.fixture(scope="session")
+def examples() -> list[Example]:
+    return load_examples()
