@@ -12,8 +12,12 @@ text = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
     ["", "\x00", "a\x00b", "\\u0000", "é漢字🙂", " ", "datetime.datetime(2025, 1, 1)"]
 )
 keys = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
-scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | text | st.floats(
-    allow_nan=False, allow_infinity=False
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | text
+    | st.floats(allow_nan=False, allow_infinity=False)
 )
 json_values = st.recursive(
     scalars,

@@ -45,9 +45,7 @@ def test_health_stays_open(locked: LiveServer) -> None:
     assert httpx.get(locked.url + "/health").status_code == 200
 
 
-@pytest.mark.parametrize(
-    "headers", [{"X-API-Key": "key-one"}, {"Authorization": "Bearer key-two"}]
-)
+@pytest.mark.parametrize("headers", [{"X-API-Key": "key-one"}, {"Authorization": "Bearer key-two"}])
 def test_valid_keys_pass(
     locked: LiveServer, engine: Engine, examples: list[Example], headers: dict[str, str]
 ) -> None:

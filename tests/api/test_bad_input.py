@@ -147,9 +147,7 @@ def _padded(size: int) -> bytes:
 
 
 @pytest.mark.parametrize("encoding", ["plain", "gzip"])
-def test_over_limit_body_is_413(
-    small_server: LiveServer, engine: Engine, encoding: str
-) -> None:
+def test_over_limit_body_is_413(small_server: LiveServer, engine: Engine, encoding: str) -> None:
     body = _padded(SMALL_LIMIT * 4)
     headers = {"Content-Type": "application/json"}
     if encoding == "gzip":
@@ -174,9 +172,7 @@ def test_just_under_limit_is_accepted(small_server: LiveServer, engine: Engine) 
     assert response.status_code == 201
 
 
-def test_over_limit_without_content_length_is_413(
-    small_server: LiveServer, engine: Engine
-) -> None:
+def test_over_limit_without_content_length_is_413(small_server: LiveServer, engine: Engine) -> None:
     body = _padded(SMALL_LIMIT * 2)
 
     def chunks() -> Iterator[bytes]:

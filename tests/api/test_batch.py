@@ -23,9 +23,7 @@ def test_ndjson_batch_of_all_examples(http: httpx.Client, examples: list[Example
     assert statuses == [ex.label["expect_status"] for ex in examples]
     assert [r["index"] for r in result["results"]] == list(range(len(examples)))
     expected_http = {"created": 201, "duplicate": 200, "conflict": 409}
-    assert [r["http_status"] for r in result["results"]] == [
-        expected_http[s] for s in statuses
-    ]
+    assert [r["http_status"] for r in result["results"]] == [expected_http[s] for s in statuses]
     summary = result["summary"]
     assert summary == {
         "total": len(examples),

@@ -57,9 +57,10 @@ def test_lookup_by_canonical_and_trajectory_cid(http: Any, examples: list[Exampl
     ex = next(e for e in examples if "correlation_conflict" in (e.label.get("drift") or []))
     assert http.post("/v1/rollouts", content=ex.raw).status_code == 201
     canonical = ex.label["correlation_id"]
-    trajectory_cids = {
-        t.get("trace_correlation_id") for t in ex.doc["trajectories"]
-    } - {None, canonical}
+    trajectory_cids = {t.get("trace_correlation_id") for t in ex.doc["trajectories"]} - {
+        None,
+        canonical,
+    }
     assert trajectory_cids, "the example must carry a second cid in a trajectory"
     for cid in [canonical, *trajectory_cids]:
         response = http.get(f"/v1/correlations/{cid}")

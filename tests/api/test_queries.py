@@ -33,9 +33,7 @@ def _all_pages(http: httpx.Client, **params: object) -> list[dict[str, object]]:
             return items
 
 
-def test_pages_cover_every_run_once_newest_first(
-    http: httpx.Client, loaded: list[Example]
-) -> None:
+def test_pages_cover_every_run_once_newest_first(http: httpx.Client, loaded: list[Example]) -> None:
     items = _all_pages(http, limit=7)
     assert [i["run_id"] for i in items] == [ex.label["run_id"] for ex in reversed(loaded)]
 

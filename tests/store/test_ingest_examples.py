@@ -19,9 +19,7 @@ def _ingest_all(engine: Engine, examples: list[Example]) -> None:
         assert result.status == ex.label["expect_status"], ex.label
 
 
-def test_labels_hold_and_documents_come_back_equal(
-    engine: Engine, examples: list[Example]
-) -> None:
+def test_labels_hold_and_documents_come_back_equal(engine: Engine, examples: list[Example]) -> None:
     first: dict[str, Example] = {}
     for ex in examples:
         result = ingest_bytes(engine, ex.raw)
@@ -90,9 +88,15 @@ def test_events_keep_typed_columns(engine: Engine, examples: list[Example]) -> N
     trace = crafter.doc["trace"]
     lm = next(e for e in trace["event_history"] if "call_records" in e)
     with read_session(engine) as session:
-        row = session.execute(
-            select(TraceEvent).where(TraceEvent.event_type == "lm_call").order_by(TraceEvent.position)
-        ).scalars().first()
+        row = (
+            session.execute(
+                select(TraceEvent)
+                .where(TraceEvent.event_type == "lm_call")
+                .order_by(TraceEvent.position)
+            )
+            .scalars()
+            .first()
+        )
         assert row is not None
         assert (row.model_name, row.input_tokens, row.output_tokens, row.latency_ms) == (
             lm["model_name"],

@@ -75,7 +75,8 @@ def test_trajectory_cids_and_conflict() -> None:
     )
     res = resolve_correlation(doc)
     assert res.trajectory_cids == [("a", "trajectory"), ("b", "inference_url"), (None, None)]
-    assert res.conflict and res.distinct_cids == ["a", "b"]
+    assert res.conflict
+    assert res.distinct_cids == ["a", "b"]
 
 
 def test_same_cid_everywhere_is_no_conflict() -> None:

@@ -27,7 +27,8 @@ INSTANT = datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=UTC)
 def test_every_form_parses_to_the_same_instant(value: object) -> None:
     parsed = parse_datetime(value)
     assert parsed == INSTANT
-    assert parsed is not None and parsed.utcoffset() is not None
+    assert parsed is not None
+    assert parsed.utcoffset() is not None
 
 
 def test_second_precision_forms_agree() -> None:

@@ -88,6 +88,8 @@ def test_examples_environment_events_equal_label_steps() -> None:
         history = view.session.get("event_history") or []
         # Every event of these producers appears twice and is kept once.
         assert len(view.events) == len(history)
-        assert all(p.step_position is not None and p.history_position is not None for p in view.events)
+        assert all(
+            p.step_position is not None and p.history_position is not None for p in view.events
+        )
         if not ex.doc["trajectories"]:
             assert n_env == ex.label["n_steps"]

@@ -70,7 +70,8 @@ def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: An
             error = result.get("error") or {}
             record(item, result["status"], error.get("message"))
 
-    with TracestoreClient(url, api_key=api_key) as client:
+    # A few retries ride out a server restart; a server that stays down fails the command.
+    with TracestoreClient(url, api_key=api_key, max_retries=3) as client:
         batch: list[FileItem] = []
         size = 0
         for item in items:
@@ -132,13 +133,15 @@ def ingest(
     with reported_errors(), progress:
         items = _items(paths, progress)
         if url:
+            import httpx
+
             from tracestore.client import TracestoreHTTPError
 
             try:
                 _remote(url, api_key, items, record)
             except TracestoreHTTPError as exc:
                 fail(f"the server refused the batch: {exc}")
-            except OSError as exc:
+            except (OSError, httpx.TransportError) as exc:
                 fail(f"cannot reach {url}: {exc}")
         else:
             _direct(db, items, record)

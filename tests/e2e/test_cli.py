@@ -1,0 +1,168 @@
+"""The console script, run as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import EXAMPLES, Database, Example, LiveServer, free_port, wipe
+from tracestore.db.engine import create_engine
+from tracestore.settings import Settings
+
+TRACESTORE = shutil.which("tracestore", path=str(Path(sys.executable).parent)) or "tracestore"
+
+
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TRACESTORE, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_help_on_every_verb() -> None:
+    for verb in ([], ["serve"], ["db"], ["db", "upgrade"], ["ingest"], ["show"], ["cid"]):
+        done = run(*verb, "--help")
+        assert done.returncode == 0, done.stderr
+        assert "Usage" in done.stdout
+
+
+def test_ingest_show_cid_on_a_new_sqlite_file(tmp_path: Path, examples: list[Example]) -> None:
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    gz = tmp_path / "rollouts.jsonl.gz"
+    gz.write_bytes(gzip.compress((EXAMPLES / "rollouts.jsonl").read_bytes()))
+    done = run("ingest", str(gz), "--db", db)
+    # One example conflicts with an earlier run_id: an input error, exit 2, with the reason.
+    assert done.returncode == 2, done.stderr
+    created = sum(e.label["expect_status"] == "created" for e in examples)
+    duplicates = sum(e.label["expect_status"] == "duplicate" for e in examples)
+    counts = f"{created} created, {duplicates} duplicate, 1 conflict, 0 invalid"
+    assert f"{len(examples)} rollouts: {counts}" in done.stdout
+    assert "differing top-level parts" in done.stdout
+    # Again: everything is now a duplicate or the same conflict.
+    again = run("ingest", str(gz), "--db", db)
+    assert f"0 created, {created + duplicates} duplicate, 1 conflict" in again.stdout
+
+    ex = examples[1]
+    shown = run("show", ex.label["run_id"], "--db", db, "--raw")
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout) == ex.doc
+
+    listed = run("cid", ex.label["correlation_id"], "--db", db, "--json")
+    assert listed.returncode == 0
+    assert [r["run_id"] for r in json.loads(listed.stdout)["runs"]] == [ex.label["run_id"]]
+
+    missing = run("show", "no-such-run", "--db", db)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().startswith("error:")
+    assert "no-such-run" in missing.stderr
+
+
+def test_ingest_reports_invalid_documents(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"run_id": ""}\nnot json\n')
+    done = run("ingest", str(bad), "--db", f"sqlite:///{tmp_path / 'x.db'}")
+    assert done.returncode == 2
+    assert "0 created, 0 duplicate, 0 conflict, 2 invalid" in done.stdout
+    assert f"{bad}:1" in done.stdout
+    assert "run_id" in done.stdout
+    assert f"{bad}:2" in done.stdout
+    assert "not valid JSON" in done.stdout
+
+
+def test_ingest_json_array_file(tmp_path: Path, examples: list[Example]) -> None:
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps([examples[0].doc, examples[2].doc]))
+    done = run("ingest", str(path), "--db", f"sqlite:///{tmp_path / 'y.db'}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 rollouts: 2 created" in done.stdout
+
+
+def test_ingest_into_a_running_server(
+    database: Database, examples: list[Example], tmp_path: Path
+) -> None:
+    engine = create_engine(database.url)
+    wipe(engine)
+    try:
+        with LiveServer(Settings(database_url=database.url)) as live:
+            done = run("ingest", str(EXAMPLES / "rollouts.jsonl"), "--url", live.url)
+            assert done.returncode == 2  # the conflicting example
+            created = sum(e.label["expect_status"] == "created" for e in examples)
+            assert f"{created} created" in done.stdout
+            got = httpx.get(f"{live.url}/v1/rollouts/{examples[0].label['run_id']}")
+            assert got.json() == examples[0].doc
+    finally:
+        wipe(engine)
+        engine.dispose()
+
+
+def test_ingest_into_an_unreachable_server(tmp_path: Path) -> None:
+    done = run("ingest", str(EXAMPLES / "labels.jsonl"), "--url", f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == 2
+    assert "error:" in done.stderr
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> httpx.Response:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        try:
+            return httpx.get(url + "/health", timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise AssertionError("server did not come up")
+
+
+def test_serve_creates_and_migrates_a_new_sqlite_file(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACESTORE_")}
+    proc = subprocess.Popen(
+        [TRACESTORE, "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=tmp_path,  # the default URL is ./tracestore.db
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        health = _wait_healthy(f"http://127.0.0.1:{port}", proc)
+        assert health.status_code == 200
+        assert health.json()["healthy"] is True
+        assert (tmp_path / "tracestore.db").is_file()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def test_serve_refuses_a_stale_schema(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'stale.db'}"
+    assert run("db", "upgrade", "--db", db).returncode == 0
+    assert run("db", "downgrade", "base", "--db", db).returncode == 0
+    done = run("serve", "--db", db, "--port", str(free_port()))
+    assert done.returncode == 1
+    assert "run 'tracestore db upgrade'" in done.stderr
+    check = run("db", "check", "--db", db)
+    assert check.returncode == 1
+
+
+@pytest.mark.parametrize("verb", [["show", "x"], ["cid", "x"]])
+def test_unreachable_database_is_one_line(verb: list[str]) -> None:
+    done = run(*verb, "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") <= 2
+    assert "error:" in done.stderr
