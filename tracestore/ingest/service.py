@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 import zstandard
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -116,12 +116,34 @@ def _differing_parts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [k for k in keys if stored.get(k, _MISSING) != new.get(k, _MISSING)]
 
 
-def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
-    run = session.execute(
-        select(
-            Run.id, Run.content_hash, Run.correlation_id, Run.correlation_source, Run.trace_kind
-        ).where(Run.run_id == prepared.doc["run_id"])
-    ).first()
+def _table(model: Any) -> Table:
+    table: Table = model.__table__
+    return table
+
+
+# Core tables and prebuilt statements: ingest is the hot path, and Core executemany skips
+# the ORM's per-row bookkeeping (we never need the ORM objects here).
+RUNS = _table(Run)
+DOCUMENTS = _table(RunDocument)
+TRAJECTORIES = _table(Trajectory)
+STEPS = _table(Step)
+TRACES = _table(Trace)
+TIME_STEPS = _table(TraceTimeStep)
+EVENTS = _table(TraceEvent)
+MESSAGES = _table(TraceMessage)
+_FIND_RUN = select(
+    RUNS.c.id,
+    RUNS.c.content_hash,
+    RUNS.c.correlation_id,
+    RUNS.c.correlation_source,
+    RUNS.c.trace_kind,
+)
+_INSERT_RUN = insert(RUNS).returning(RUNS.c.id)
+_INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
+
+
+def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
+    run = conn.execute(_FIND_RUN.where(RUNS.c.run_id == prepared.doc["run_id"])).first()
     if run is None:
         return None
     rows = prepared.rows.run
@@ -134,8 +156,8 @@ def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
             trace_kind=run.trace_kind,
             n_steps=rows["n_steps"],
         )
-    doc_row = session.execute(
-        select(RunDocument.body, RunDocument.encoding).where(RunDocument.run_pk == run.id)
+    doc_row = conn.execute(
+        select(DOCUMENTS.c.body, DOCUMENTS.c.encoding).where(DOCUMENTS.c.run_pk == run.id)
     ).one()
     stored = orjson.loads(decompress_document(doc_row.body, doc_row.encoding))
     parts = _differing_parts(stored, prepared.doc)
@@ -155,21 +177,14 @@ def _existing(session: Session, prepared: Prepared) -> IngestResult | None:
     )
 
 
-def _table(model: Any) -> Table:
-    table: Table = model.__table__
-    return table
-
-
-def _returning_ids(session: Session, table: Table, rows: list[dict[str, Any]]) -> list[int]:
+def _returning_ids(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> list[int]:
     if not rows:
         return []
-    result = session.execute(
-        insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
-    )
+    result = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True), rows)
     return [r[0] for r in result]
 
 
-def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> int:
+def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> int:
     """Insert every row of a prepared rollout; returns the new run's primary key."""
     rows = prepared.rows
     run_row = dict(
@@ -181,16 +196,15 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
     try:
         # No savepoint: a unique-violation aborts the whole transaction, which is what we
         # want (nothing else was written yet); the caller retries and finds the run.
-        run_pk = session.execute(insert(Run).returning(Run.id), run_row).scalar_one()
+        run_pk: int = conn.execute(_INSERT_RUN, run_row).scalar_one()
     except IntegrityError as exc:
         raise _RunIdTaken from exc
-    session.execute(
-        insert(RunDocument),
+    conn.execute(
+        insert(DOCUMENTS),
         {"run_pk": run_pk, "encoding": DOCUMENT_ENCODING, "body": compress_document(prepared.raw)},
     )
-    traj_table = _table(Trajectory)
     traj_pks = _returning_ids(
-        session, traj_table, [dict(r, run_pk=run_pk) for r in rows.trajectories]
+        conn, TRAJECTORIES, [dict(r, run_pk=run_pk) for r in rows.trajectories]
     )
     step_rows = [
         dict(s, run_pk=run_pk, trajectory_pk=traj_pk)
@@ -198,29 +212,24 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
         for s in steps
     ]
     if step_rows:
-        session.execute(insert(_table(Step)), step_rows)
+        conn.execute(insert(STEPS), step_rows)
     for trace in rows.traces:
-        trace_pk = session.execute(
-            insert(_table(Trace)).returning(_table(Trace).c.id),
-            dict(trace.trace, run_pk=run_pk),
-        ).scalar_one()
+        trace_pk = conn.execute(_INSERT_TRACE, dict(trace.trace, run_pk=run_pk)).scalar_one()
         step_pks = _returning_ids(
-            session,
-            _table(TraceTimeStep),
-            [dict(s, trace_pk=trace_pk) for s in trace.time_steps],
+            conn, TIME_STEPS, [dict(s, trace_pk=trace_pk) for s in trace.time_steps]
         )
         by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
         if trace.events:
-            session.execute(
-                insert(_table(TraceEvent)),
+            conn.execute(
+                insert(EVENTS),
                 [
                     dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
                     for e, s in zip(trace.events, trace.event_steps, strict=True)
                 ],
             )
         if trace.messages:
-            session.execute(
-                insert(_table(TraceMessage)),
+            conn.execute(
+                insert(MESSAGES),
                 [
                     dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
                     for m, s in zip(trace.messages, trace.message_steps, strict=True)
@@ -231,10 +240,11 @@ def write_rows(session: Session, prepared: Prepared, received_at: datetime) -> i
 
 def store_prepared(session: Session, prepared: Prepared) -> IngestResult:
     """Store a prepared rollout in the caller's transaction, or say why not (dup/conflict)."""
-    existing = _existing(session, prepared)
+    conn = session.connection()
+    existing = _existing(conn, prepared)
     if existing is not None:
         return existing
-    write_rows(session, prepared, datetime.now(UTC))
+    write_rows(conn, prepared, datetime.now(UTC))
     run = prepared.rows.run
     return IngestResult(
         run_id=run["run_id"],
