@@ -1,0 +1,324 @@
+"""A v3 trace → legacy trajectories (SPEC §5).
+
+`trace_to_trajectories(doc_or_trace)` takes a RolloutResponse (its `trace` is converted and
+the rest is the envelope) or a bare trace (pass `envelope=` for the cid and inference URL).
+
+Traces we made (`trajectories_to_trace`, recognised by a valid `tracestore_legacy` carry in
+the trace metadata whose `n_steps` add up to the environment events) are reversed exactly:
+the result equals the original `trajectories`, with no provenance key added (method `carry`).
+
+Any other full or wrapped trace (method `trace`) gives one trajectory:
+
+- steps: the environment events, each once, in time-step order (`TraceView`); obs =
+  `system_state_before` (absent → `{}`, lost), reward (null → 0.0), done = `terminated`,
+  truncated (null → false);
+- tool calls: the first SPEC §5 source with a non-empty list, as the drift comparison reads
+  them (`tracestore.drift.time_step_tool_calls`), kept in the dialect the trace holds them;
+  none → `[]`;
+- info: the event's `metadata.info` when present (hand-built producers keep the step's info
+  there), else null and listed as lost;
+- `env_id` / `policy_id`: trace metadata (else `env_name` / `policy_name`, else `""`);
+  `inference_url`: the envelope's `pipeline_metadata.inference_url`, else its first
+  trajectory's, else `""`; `trace_correlation_id`: the envelope's canonical cid
+  (`resolve_correlation`), when there is one; `final`: `{"observation": <last event's
+  system_state_after>}`, else null; `length`: the number of steps; `decision_samples`: null
+  (lost); `tracestore_provenance`: the conversion's provenance.
+- Undeclared step keys (`logprob`, `value`, ...) are not in a trace and cannot come back.
+
+Summary, db_row, empty, unknown and null traces, and traces without environment events, give
+no trajectories and one loss entry at `trace` saying why (method `none`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tracestore.convert.carry import (
+    CARRY_FORMAT,
+    STEP_KEYS,
+    TRAJECTORY_KEYS,
+    assemble,
+    derived_final,
+)
+from tracestore.convert.report import (
+    CARRY_KEY,
+    CONVERTER_VERSION,
+    PROVENANCE_KEY,
+    Conversion,
+    LossCollector,
+    LossEntry,
+    Provenance,
+    source_sha256,
+)
+from tracestore.correlation import resolve_correlation
+from tracestore.drift import time_step_tool_calls
+from tracestore.wire.trace import TraceView, classify_trace, infer_event_type, view_trace
+
+CONVERTER_NAME = "trace_to_trajectories"
+
+
+@dataclass(frozen=True, slots=True)
+class _EnvStep:
+    """One environment event and the tool calls of its time step (None: none found)."""
+
+    event: Mapping[str, Any]
+    tool_calls: list[Any] | None
+
+
+def _get(obj: object, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _is_env(item: object) -> bool:
+    # dict first: a plain dict then skips the (several times slower) Mapping ABC check.
+    return isinstance(item, dict | Mapping) and infer_event_type(item) == "environment"
+
+
+def _env_steps(view: TraceView) -> list[_EnvStep]:
+    # Groups each event and message with its time step the way the drift comparison does, so
+    # a converted trajectory never shows drift against the trace it came from: by placement,
+    # else by `metadata.step_id` (a step's id, or an unknown id shared by history items).
+    positions: dict[str, int] = {}
+    for s, time_step in enumerate(view.time_steps):
+        sid = _get(time_step, "step_id")
+        if isinstance(sid, str):
+            positions.setdefault(sid, s)
+
+    def group_of(item: object, step_position: int | None) -> object:
+        if step_position is not None:
+            return step_position
+        sid = _get(_get(item, "metadata"), "step_id")
+        return positions.get(sid, sid) if isinstance(sid, str) else None
+
+    # Each event's type is inferred once: the loops below would otherwise repeat it.
+    group_events: dict[object, list[tuple[Any, bool]]] = {}
+    env: list[tuple[Mapping[str, Any], object]] = []
+    for placed in view.events:
+        item = placed.item
+        is_env = _is_env(item)
+        key = group_of(item, placed.step_position)
+        if key is not None:
+            group_events.setdefault(key, []).append((item, is_env))
+        if is_env:
+            env.append((item, key))
+    group_messages: dict[object, list[Any]] = {}
+    for placed in view.messages:
+        key = group_of(placed.item, placed.step_position)
+        if key is not None:
+            group_messages.setdefault(key, []).append(placed.item)
+
+    out: list[_EnvStep] = []
+    for event, key in env:
+        if key is None:
+            calls = time_step_tool_calls((), (event,))
+        else:
+            # Another environment event of the same time step must not lend its metadata.
+            others = [e for e, e_env in group_events.get(key, ()) if e is event or not e_env]
+            calls = time_step_tool_calls(group_messages.get(key, ()), others)
+        out.append(_EnvStep(event, calls))
+    return out
+
+
+def _split(
+    doc_or_trace: Mapping[str, Any], envelope: Mapping[str, Any] | None
+) -> tuple[object, Mapping[str, Any] | None]:
+    # A RolloutResponse has a `trace` key; a SessionTrace (full or wrapped) never does.
+    if (
+        isinstance(doc_or_trace, Mapping)
+        and "trace" in doc_or_trace
+        and ("run_id" in doc_or_trace or "trajectories" in doc_or_trace)
+    ):
+        return doc_or_trace.get("trace"), envelope if envelope is not None else doc_or_trace
+    return doc_or_trace, envelope
+
+
+def _carry_entries(carry: object, n_events: int) -> list[Mapping[str, Any]] | None:
+    # Our own carry, when it is well formed and still describes this trace's events.
+    if not isinstance(carry, Mapping) or carry.get("format") != CARRY_FORMAT:
+        return None
+    entries = carry.get("trajectories")
+    if not isinstance(entries, list):
+        return None
+    total = 0
+    for entry in entries:
+        n = _get(entry, "n_steps")
+        if type(n) is not int or n < 0 or ("raw" in entry and n != 0):
+            return None
+        total += n
+    return entries if total == n_events else None
+
+
+def _restore(
+    entries: list[Mapping[str, Any]], steps: list[_EnvStep], meta: Mapping[str, Any]
+) -> list[Any]:
+    out: list[Any] = []
+    pos = 0
+    for entry in entries:
+        if "raw" in entry:
+            out.append(entry["raw"])
+            continue
+        n: int = entry["n_steps"]
+        restored: list[Any] = []
+        for env_step in steps[pos : pos + n]:
+            event = env_step.event
+            carry = _get(event.get("metadata"), CARRY_KEY)
+            if not isinstance(carry, Mapping):
+                carry = {}
+            if "raw" in carry:
+                restored.append(carry["raw"])
+                continue
+            derived = {
+                "obs": event.get("system_state_before"),
+                "tool_calls": env_step.tool_calls if env_step.tool_calls is not None else [],
+                "reward": event.get("reward"),
+                "done": event.get("terminated"),
+                "truncated": event.get("truncated"),
+                "info": None,
+            }
+            restored.append(assemble(derived, carry, STEP_KEYS))
+        last_after = steps[pos + n - 1].event.get("system_state_after") if n else None
+        pos += n
+        header = {
+            "env_id": meta.get("env_id"),
+            "policy_id": meta.get("policy_id"),
+            "steps": restored,
+            "final": derived_final(last_after),
+            "length": n,
+            "inference_url": None,
+            "decision_samples": None,
+        }
+        out.append(assemble(header, entry, TRAJECTORY_KEYS))
+    return out
+
+
+def _name(meta: Mapping[str, Any], key: str, fallback: str, losses: LossCollector) -> str:
+    value = meta.get(key)
+    if isinstance(value, str):
+        return value
+    other = meta.get(fallback)
+    if isinstance(other, str):
+        losses.add(f"trajectories[0].{key}", "default", f"not in trace metadata: its {fallback}")
+        return other
+    losses.add(f"trajectories[0].{key}", "lost", "not in trace metadata: empty string")
+    return ""
+
+
+def _inference_url(envelope: Mapping[str, Any] | None, losses: LossCollector) -> str:
+    url = _get(_get(envelope, "pipeline_metadata"), "inference_url")
+    if not isinstance(url, str):
+        trajectories = _get(envelope, "trajectories")
+        if isinstance(trajectories, list) and trajectories:
+            url = _get(trajectories[0], "inference_url")
+    if isinstance(url, str):
+        return url
+    losses.add("trajectories[0].inference_url", "lost", "not in the envelope: empty string")
+    return ""
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    return None
+
+
+def _from_trace(
+    steps: list[_EnvStep],
+    meta: Mapping[str, Any],
+    envelope: Mapping[str, Any] | None,
+    provenance: Provenance,
+    losses: LossCollector,
+) -> list[dict[str, Any]]:
+    out_steps: list[dict[str, Any]] = []
+    for j, env_step in enumerate(steps):
+        event = env_step.event
+        obs = event.get("system_state_before")
+        if obs is None:
+            losses.add_step(0, j, "obs", "lost", "no system_state_before: {}")
+            obs = {}
+        calls = env_step.tool_calls
+        if calls is None:
+            losses.add_step(0, j, "tool_calls", "default", "no tool calls in the trace: []")
+            calls = []
+        reward = _number(event.get("reward"))
+        if reward is None:
+            losses.add_step(0, j, "reward", "default", "no numeric reward: 0.0")
+            reward = 0.0
+        done, truncated = event.get("terminated"), event.get("truncated")
+        if type(done) is not bool:
+            losses.add_step(0, j, "done", "default", "terminated not a bool: bool(terminated)")
+        if type(truncated) is not bool:
+            losses.add_step(0, j, "truncated", "default", "not a bool: bool(truncated)")
+        event_meta = event.get("metadata")
+        if isinstance(event_meta, Mapping) and "info" in event_meta:
+            info = event_meta["info"]
+        else:
+            losses.add_step(0, j, "info", "lost", "not in the trace: null")
+            info = None
+        out_steps.append(
+            {
+                "obs": obs,
+                "tool_calls": calls,
+                "reward": reward,
+                "done": bool(done),
+                "truncated": bool(truncated),
+                "info": info,
+            }
+        )
+    last_after = steps[-1].event.get("system_state_after")
+    if last_after is None:
+        losses.add("trajectories[0].final", "lost", "no system_state_after on the last event: null")
+    env_id = _name(meta, "env_id", "env_name", losses)
+    policy_id = _name(meta, "policy_id", "policy_name", losses)
+    inference_url = _inference_url(envelope, losses)
+    losses.add("trajectories[0].decision_samples", "lost", "not in the trace: null")
+    trajectory: dict[str, Any] = {
+        "env_id": env_id,
+        "policy_id": policy_id,
+        "steps": out_steps,
+        "final": derived_final(last_after),
+        "length": len(out_steps),
+        "inference_url": inference_url,
+        "decision_samples": None,
+    }
+    cid = resolve_correlation(envelope).correlation_id if envelope is not None else None
+    if cid is not None:
+        trajectory["trace_correlation_id"] = cid
+    trajectory[PROVENANCE_KEY] = provenance.as_dict()
+    return [trajectory]
+
+
+def trace_to_trajectories(
+    doc_or_trace: Mapping[str, Any], *, envelope: Mapping[str, Any] | None = None
+) -> Conversion[list[Any]]:
+    """Convert a trace (or a RolloutResponse's trace) to legacy trajectories."""
+    provenance = Provenance(CONVERTER_NAME, CONVERTER_VERSION, source_sha256(doc_or_trace))
+    trace, envelope = _split(doc_or_trace, envelope)
+    kind = classify_trace(trace)
+    if kind not in ("full", "wrapped") or not isinstance(trace, Mapping):
+        why = "trace is null" if kind is None else f"a {kind} trace has no per-step events"
+        return Conversion([], [LossEntry("trace", "lost", why)], provenance, "none")
+    view = view_trace(trace)
+    steps = _env_steps(view)
+    meta = view.session.get("metadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
+    losses = LossCollector()
+    if CARRY_KEY in meta:
+        entries = _carry_entries(meta[CARRY_KEY], len(steps))
+        if entries is not None:
+            return Conversion(_restore(entries, steps, meta), [], provenance, "carry")
+        losses.add(
+            f"trace.metadata.{CARRY_KEY}",
+            "lost",
+            "carry ignored: malformed or does not match the environment events",
+        )
+    if not steps:
+        losses.add("trace", "lost", "no environment events")
+        return Conversion([], losses.finish({}), provenance, "none")
+    trajectories = _from_trace(steps, meta, envelope, provenance, losses)
+    return Conversion(trajectories, losses.finish({0: len(steps)}), provenance, "trace")
