@@ -25,8 +25,8 @@ from tracestore.drift import (
     compare_rollout,
     shorten,
     summarize,
-    time_step_tool_calls,
 )
+from tracestore.wire.trace import time_step_tool_calls
 
 # --------------------------------------------------------------------------- examples
 

@@ -13,7 +13,7 @@ Any other full or wrapped trace (method `trace`) gives one trajectory:
   `system_state_before` (absent → `{}`, lost), reward (null → 0.0), done = `terminated`,
   truncated (null → false);
 - tool calls: the first SPEC §5 source with a non-empty list, as the drift comparison reads
-  them (`tracestore.drift.time_step_tool_calls`), kept in the dialect the trace holds them;
+  them (`TraceView.environment_steps`), kept in the dialect the trace holds them;
   none → `[]`;
 - info: the event's `metadata.info` when present (hand-built producers keep the step's info
   there), else null and listed as lost;
@@ -32,7 +32,6 @@ no trajectories and one loss entry at `trace` saying why (method `none`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tracestore.convert.carry import (
@@ -53,72 +52,13 @@ from tracestore.convert.report import (
     source_sha256,
 )
 from tracestore.correlation import resolve_correlation
-from tracestore.drift import time_step_tool_calls
-from tracestore.wire.trace import TraceView, classify_trace, infer_event_type, view_trace
+from tracestore.wire.trace import EnvStep, classify_trace, view_trace
 
 CONVERTER_NAME = "trace_to_trajectories"
 
 
-@dataclass(frozen=True, slots=True)
-class _EnvStep:
-    """One environment event and the tool calls of its time step (None: none found)."""
-
-    event: Mapping[str, Any]
-    tool_calls: list[Any] | None
-
-
 def _get(obj: object, key: str) -> Any:
     return obj.get(key) if isinstance(obj, Mapping) else None
-
-
-def _is_env(item: object) -> bool:
-    # dict first: a plain dict then skips the (several times slower) Mapping ABC check.
-    return isinstance(item, dict | Mapping) and infer_event_type(item) == "environment"
-
-
-def _env_steps(view: TraceView) -> list[_EnvStep]:
-    # Groups each event and message with its time step the way the drift comparison does, so
-    # a converted trajectory never shows drift against the trace it came from: by placement,
-    # else by `metadata.step_id` (a step's id, or an unknown id shared by history items).
-    positions: dict[str, int] = {}
-    for s, time_step in enumerate(view.time_steps):
-        sid = _get(time_step, "step_id")
-        if isinstance(sid, str):
-            positions.setdefault(sid, s)
-
-    def group_of(item: object, step_position: int | None) -> object:
-        if step_position is not None:
-            return step_position
-        sid = _get(_get(item, "metadata"), "step_id")
-        return positions.get(sid, sid) if isinstance(sid, str) else None
-
-    # Each event's type is inferred once: the loops below would otherwise repeat it.
-    group_events: dict[object, list[tuple[Any, bool]]] = {}
-    env: list[tuple[Mapping[str, Any], object]] = []
-    for placed in view.events:
-        item = placed.item
-        is_env = _is_env(item)
-        key = group_of(item, placed.step_position)
-        if key is not None:
-            group_events.setdefault(key, []).append((item, is_env))
-        if is_env:
-            env.append((item, key))
-    group_messages: dict[object, list[Any]] = {}
-    for placed in view.messages:
-        key = group_of(placed.item, placed.step_position)
-        if key is not None:
-            group_messages.setdefault(key, []).append(placed.item)
-
-    out: list[_EnvStep] = []
-    for event, key in env:
-        if key is None:
-            calls = time_step_tool_calls((), (event,))
-        else:
-            # Another environment event of the same time step must not lend its metadata.
-            others = [e for e, e_env in group_events.get(key, ()) if e is event or not e_env]
-            calls = time_step_tool_calls(group_messages.get(key, ()), others)
-        out.append(_EnvStep(event, calls))
-    return out
 
 
 def _split(
@@ -151,7 +91,7 @@ def _carry_entries(carry: object, n_events: int) -> list[Mapping[str, Any]] | No
 
 
 def _restore(
-    entries: list[Mapping[str, Any]], steps: list[_EnvStep], meta: Mapping[str, Any]
+    entries: list[Mapping[str, Any]], steps: list[EnvStep], meta: Mapping[str, Any]
 ) -> list[Any]:
     out: list[Any] = []
     pos = 0
@@ -227,7 +167,7 @@ def _number(value: object) -> float | None:
 
 
 def _from_trace(
-    steps: list[_EnvStep],
+    steps: list[EnvStep],
     meta: Mapping[str, Any],
     envelope: Mapping[str, Any] | None,
     provenance: Provenance,
@@ -303,7 +243,7 @@ def trace_to_trajectories(
         why = "trace is null" if kind is None else f"a {kind} trace has no per-step events"
         return Conversion([], [LossEntry("trace", "lost", why)], provenance, "none")
     view = view_trace(trace)
-    steps = _env_steps(view)
+    steps = view.environment_steps()
     meta = view.session.get("metadata")
     if not isinstance(meta, Mapping):
         meta = {}

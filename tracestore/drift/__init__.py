@@ -14,7 +14,6 @@ from tracestore.drift.compare import (
     compare_rollout,
     shorten,
     summarize,
-    time_step_tool_calls,
 )
 
 __all__ = [
@@ -31,5 +30,4 @@ __all__ = [
     "compare_rollout",
     "shorten",
     "summarize",
-    "time_step_tool_calls",
 ]

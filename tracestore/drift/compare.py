@@ -17,8 +17,9 @@ Decisions where SPEC §6 is silent (each is asserted by tests/unit/test_drift_co
   that is not a number (after `float(x or 0)`) is a mismatch; tolerances are absolute. NaN
   needs no rule: ingest refuses NaN tokens, so documents never hold one.
 - The trace "has tool calls for a step" when the first SPEC §5 source holding a non-empty
-  list has one (`time_step_tool_calls`); an empty list falls through to the next source, and a
-  step with none anywhere is not compared. A missing or null `step.tool_calls` is no calls.
+  list has one (`wire.trace.time_step_tool_calls`); an empty list falls through to the
+  next source, and a step with none anywhere is not compared. A missing or null
+  `step.tool_calls` is no calls.
 - A tool-call message is any message of the time step whose `metadata.is_tool_call` is
   true, whatever its `message_type` (hand-built traces use their own types).
 - Items found only in the history list belong to the time step whose `step_id` equals their
@@ -38,7 +39,11 @@ import orjson
 
 from tracestore.correlation import resolve_correlation
 from tracestore.toolcalls import normalize_tool_calls
-from tracestore.wire.trace import classify_trace, infer_event_type, view_trace
+from tracestore.wire.trace import (
+    EnvStep,
+    classify_trace,
+    view_trace,
+)
 
 # Bump when a rule changes, so stored findings can be recomputed selectively.
 COMPARATOR_VERSION = 1
@@ -177,44 +182,6 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _payload(content: object) -> object:
-    # json_payload is a JSON string on the wire; a database read-back may hold the object.
-    raw = _get(content, "json_payload")
-    if isinstance(raw, str | bytes):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return None
-    return raw
-
-
-def time_step_tool_calls(messages: Iterable[Any], events: Iterable[Any]) -> list[Any] | None:
-    """Return the raw tool calls of one trace time step (SPEC §5), or None when it has none.
-
-    `messages` and `events` are the time step's items, each once. Sources in order: messages
-    with `metadata.is_tool_call` (their `json_payload` → `tool_calls`), then the LM events'
-    `call_records[*].output_tool_calls`, then the environment events' `metadata.tool_calls`;
-    the first source that yields a non-empty list wins.
-    """
-    events = list(events)
-    calls: list[Any] = []
-    for message in messages:
-        if _get(_get(message, "metadata"), "is_tool_call") is True:
-            calls.extend(_list(_get(_payload(_get(message, "content")), "tool_calls")))
-    if calls:
-        return calls
-    for event in events:
-        if isinstance(event, Mapping) and infer_event_type(event) == "lm_call":
-            for record in _list(event.get("call_records")):
-                calls.extend(_list(_get(record, "output_tool_calls")))
-    if calls:
-        return calls
-    for event in events:
-        if isinstance(event, Mapping) and infer_event_type(event) == "environment":
-            calls.extend(_list(_get(_get(event, "metadata"), "tool_calls")))
-    return calls or None
-
-
 @dataclass(frozen=True, slots=True)
 class _Slot:
     """A trajectory step and where it stands."""
@@ -226,57 +193,18 @@ class _Slot:
 
 @dataclass(slots=True)
 class _TraceSide:
-    """The trace's environment events, each once, with their time step's items."""
+    """The trace's environment events, each once, with their time step's tool calls."""
 
+    steps: list[EnvStep] = field(default_factory=list)
     events: list[Mapping[str, Any]] = field(default_factory=list)
-    groups: list[object] = field(default_factory=list)  # group key per event
-    group_events: dict[object, list[Any]] = field(default_factory=dict)
-    group_messages: dict[object, list[Any]] = field(default_factory=dict)
 
     def tool_calls(self, i: int) -> list[Any] | None:
-        event = self.events[i]
-        key = self.groups[i]
-        if key is None:
-            return time_step_tool_calls((), (event,))
-        # Another environment event of the same time step must not lend its metadata.
-        others = [e for e in self.group_events.get(key, ()) if e is event or not _is_env(e)]
-        return time_step_tool_calls(self.group_messages.get(key, ()), others)
-
-
-def _is_env(item: object) -> bool:
-    return isinstance(item, Mapping) and infer_event_type(item) == "environment"
+        return self.steps[i].tool_calls
 
 
 def _read_trace(trace: Mapping[str, Any]) -> _TraceSide:
-    view = view_trace(trace)
-    step_positions: dict[str, int] = {}
-    for s, time_step in enumerate(view.time_steps):
-        sid = _get(time_step, "step_id")
-        if isinstance(sid, str):
-            step_positions.setdefault(sid, s)
-
-    def group_of(item: object, step_position: int | None) -> object:
-        if step_position is not None:
-            return step_position
-        sid = _get(_get(item, "metadata"), "step_id")
-        if isinstance(sid, str):
-            return step_positions.get(sid, sid)
-        return None
-
-    side = _TraceSide()
-    for placed in view.events:
-        key = group_of(placed.item, placed.step_position)
-        if key is not None:
-            side.group_events.setdefault(key, []).append(placed.item)
-        # Same filter and order as TraceView.environment_events(), keeping the placement.
-        if _is_env(placed.item):
-            side.events.append(placed.item)
-            side.groups.append(key)
-    for placed in view.messages:
-        key = group_of(placed.item, placed.step_position)
-        if key is not None:
-            side.group_messages.setdefault(key, []).append(placed.item)
-    return side
+    steps = view_trace(trace).environment_steps()
+    return _TraceSide(steps, [s.event for s in steps])
 
 
 def _trajectory_slots(doc: Mapping[str, Any]) -> list[_Slot]:

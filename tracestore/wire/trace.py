@@ -6,9 +6,11 @@ comparison all read traces through this module so they agree on what a trace hol
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 TraceKind = Literal["full", "wrapped", "summary", "db_row", "empty", "unknown"]
 EventType = Literal["runtime", "environment", "lm_call", "plain"]
@@ -66,6 +68,61 @@ def infer_event_type(event: Mapping[str, Any]) -> str:
 
 def _as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _get(obj: object, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _is_env(item: object) -> bool:
+    # dict first: a plain dict then skips the (several times slower) Mapping ABC check.
+    return isinstance(item, dict | Mapping) and infer_event_type(item) == "environment"
+
+
+def _payload(content: object) -> object:
+    # json_payload is a JSON string on the wire; a database read-back may hold the object.
+    raw = _get(content, "json_payload")
+    if isinstance(raw, str | bytes):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+    return raw
+
+
+def time_step_tool_calls(messages: Iterable[Any], events: Iterable[Any]) -> list[Any] | None:
+    """Return the raw tool calls of one trace time step (SPEC §5), or None when it has none.
+
+    `messages` and `events` are the time step's items, each once. Sources in order: messages
+    with `metadata.is_tool_call` (their `json_payload` -> `tool_calls`), then the LM events'
+    `call_records[*].output_tool_calls`, then the environment events' `metadata.tool_calls`;
+    the first source that yields a non-empty list wins.
+    """
+    events = list(events)
+    calls: list[Any] = []
+    for message in messages:
+        if _get(_get(message, "metadata"), "is_tool_call") is True:
+            calls.extend(_as_list(_get(_payload(_get(message, "content")), "tool_calls")))
+    if calls:
+        return calls
+    for event in events:
+        if isinstance(event, Mapping) and infer_event_type(event) == "lm_call":
+            for record in _as_list(event.get("call_records")):
+                calls.extend(_as_list(_get(record, "output_tool_calls")))
+    if calls:
+        return calls
+    for event in events:
+        if _is_env(event):
+            calls.extend(_as_list(_get(_get(event, "metadata"), "tool_calls")))
+    return calls or None
+
+
+@dataclass(frozen=True, slots=True)
+class EnvStep:
+    """One environment event, with the tool calls of its time step (None: none found)."""
+
+    event: Mapping[str, Any]
+    tool_calls: list[Any] | None
 
 
 def _step_id_of(item: object) -> object:
@@ -139,9 +196,55 @@ class TraceView:
     def environment_events(self) -> Iterator[Mapping[str, Any]]:
         """Environment events, each once, in time-step order."""
         for placed in self.events:
+            if _is_env(placed.item):
+                yield placed.item
+
+    def environment_steps(self) -> list[EnvStep]:
+        """Environment events in order, each with its time step's tool calls (SPEC §5).
+
+        Items group with their time step by placement, else by `metadata.step_id` (a step's
+        id, or an unknown id that history-only items share). The converters and the drift
+        comparison both read steps here, so a converted trajectory never drifts from the
+        trace it came from.
+        """
+        positions: dict[str, int] = {}
+        for s, time_step in enumerate(self.time_steps):
+            sid = _get(time_step, "step_id")
+            if isinstance(sid, str):
+                positions.setdefault(sid, s)
+
+        def group_of(item: object, step_position: int | None) -> object:
+            if step_position is not None:
+                return step_position
+            sid = _get(_get(item, "metadata"), "step_id")
+            return positions.get(sid, sid) if isinstance(sid, str) else None
+
+        # Each event's type is inferred once: the loops below would otherwise repeat it.
+        group_events: dict[object, list[tuple[Any, bool]]] = {}
+        env: list[tuple[Mapping[str, Any], object]] = []
+        for placed in self.events:
             item = placed.item
-            if isinstance(item, Mapping) and infer_event_type(item) == "environment":
-                yield item
+            is_env = _is_env(item)
+            key = group_of(item, placed.step_position)
+            if key is not None:
+                group_events.setdefault(key, []).append((item, is_env))
+            if is_env:
+                env.append((item, key))
+        group_messages: dict[object, list[Any]] = {}
+        for placed in self.messages:
+            key = group_of(placed.item, placed.step_position)
+            if key is not None:
+                group_messages.setdefault(key, []).append(placed.item)
+        out: list[EnvStep] = []
+        for event, key in env:
+            if key is None:
+                calls = time_step_tool_calls((), (event,))
+            else:
+                # Another environment event of the same time step must not lend its metadata.
+                others = [e for e, e_env in group_events.get(key, ()) if e is event or not e_env]
+                calls = time_step_tool_calls(group_messages.get(key, ()), others)
+            out.append(EnvStep(event, calls))
+        return out
 
 
 def view_trace(trace: Mapping[str, Any]) -> TraceView:
