@@ -12,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from tracestore import __version__
 from tracestore.api.deps import AppState, require_api_key
 from tracestore.api.errors import install_error_handlers
-from tracestore.api.routes import rollouts, service
+from tracestore.api.routes import convert, drift, reports, rollouts, service
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
@@ -65,7 +65,13 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     )
     install_error_handlers(app)
     app.include_router(service.router)
-    app.include_router(rollouts.router, dependencies=[Depends(require_api_key)])
+    keyed = [Depends(require_api_key)]
+    app.include_router(rollouts.router, dependencies=keyed)
+    app.include_router(convert.router, dependencies=keyed)
+    app.include_router(drift.router, dependencies=keyed)
+    app.include_router(reports.router, dependencies=keyed)
+    app.include_router(drift.public)
+    drift.install(app)
 
     def openapi() -> dict[str, Any]:
         # Rollout bodies are read raw (to store them as received), so FastAPI does not see

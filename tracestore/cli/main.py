@@ -8,7 +8,10 @@ from typing import Annotated
 import typer
 
 from tracestore import __version__
+from tracestore.cli import convert as convert_cli
 from tracestore.cli import db as db_cli
+from tracestore.cli import drift as drift_cli
+from tracestore.cli import reports as reports_cli
 from tracestore.cli.common import (
     DbOption,
     console,
@@ -31,6 +34,9 @@ app = typer.Typer(
 )
 app.add_typer(db_cli.app, name="db")
 app.command(name="ingest")(ingest)
+convert_cli.register(app)
+drift_cli.register(app)
+reports_cli.register(app)
 
 
 def _version(value: bool) -> None:

@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 
 from tracestore.correlation import resolve_correlation
 from tracestore.db.uow import write_session
+from tracestore.drift.store import drift_rows, write_drift
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
-from tracestore.ingest.project import RolloutRows, project_rollout
+from tracestore.ingest.project import RolloutRows, TraceRows, project_rollout
 from tracestore.models import (
     Run,
     RunDocument,
@@ -97,6 +98,7 @@ class Prepared:
     raw: bytes
     digest: str
     rows: RolloutRows
+    drift: Any  # tracestore.drift.store.DriftRows: computed before the transaction
 
 
 def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
@@ -104,7 +106,9 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
     parsed = parse_json(raw) if doc is _MISSING else doc
     valid = validate_rollout(parsed)
     rows = project_rollout(valid, resolve_correlation(valid))
-    return Prepared(doc=valid, raw=raw, digest=content_hash(valid), rows=rows)
+    return Prepared(
+        doc=valid, raw=raw, digest=content_hash(valid), rows=rows, drift=drift_rows(valid)
+    )
 
 
 class _RunIdTaken(Exception):
@@ -140,6 +144,12 @@ _FIND_RUN = select(
 )
 _INSERT_RUN = insert(RUNS).returning(RUNS.c.id)
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
+_RECEIVED = {
+    "origin": "received",
+    "converter": None,
+    "converter_version": None,
+    "source_hash": None,
+}
 
 
 def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
@@ -184,6 +194,39 @@ def _returning_ids(conn: Connection, table: Table, rows: list[dict[str, Any]]) -
     return [r[0] for r in result]
 
 
+def write_trace(
+    conn: Connection, run_pk: int, trace: TraceRows, provenance: dict[str, Any] | None = None
+) -> int:
+    """Insert one trace's rows (trace, time steps, events, messages); returns its key.
+
+    `provenance` (origin, converter, converter_version, source_hash) marks a trace that
+    tracestore converted rather than received.
+    """
+    trace_row = dict(trace.trace, run_pk=run_pk, **(provenance or _RECEIVED))
+    trace_pk: int = conn.execute(_INSERT_TRACE, trace_row).scalar_one()
+    step_pks = _returning_ids(
+        conn, TIME_STEPS, [dict(s, trace_pk=trace_pk) for s in trace.time_steps]
+    )
+    by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
+    if trace.events:
+        conn.execute(
+            insert(EVENTS),
+            [
+                dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+                for e, s in zip(trace.events, trace.event_steps, strict=True)
+            ],
+        )
+    if trace.messages:
+        conn.execute(
+            insert(MESSAGES),
+            [
+                dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+                for m, s in zip(trace.messages, trace.message_steps, strict=True)
+            ],
+        )
+    return trace_pk
+
+
 def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> int:
     """Insert every row of a prepared rollout; returns the new run's primary key."""
     rows = prepared.rows
@@ -214,27 +257,7 @@ def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> i
     if step_rows:
         conn.execute(insert(STEPS), step_rows)
     for trace in rows.traces:
-        trace_pk = conn.execute(_INSERT_TRACE, dict(trace.trace, run_pk=run_pk)).scalar_one()
-        step_pks = _returning_ids(
-            conn, TIME_STEPS, [dict(s, trace_pk=trace_pk) for s in trace.time_steps]
-        )
-        by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
-        if trace.events:
-            conn.execute(
-                insert(EVENTS),
-                [
-                    dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-                    for e, s in zip(trace.events, trace.event_steps, strict=True)
-                ],
-            )
-        if trace.messages:
-            conn.execute(
-                insert(MESSAGES),
-                [
-                    dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-                    for m, s in zip(trace.messages, trace.message_steps, strict=True)
-                ],
-            )
+        write_trace(conn, run_pk, trace)
     return run_pk
 
 
@@ -244,7 +267,9 @@ def store_prepared(session: Session, prepared: Prepared) -> IngestResult:
     existing = _existing(conn, prepared)
     if existing is not None:
         return existing
-    write_rows(conn, prepared, datetime.now(UTC))
+    run_pk = write_rows(conn, prepared, datetime.now(UTC))
+    # Drift findings are written in the rollout's own transaction: all or nothing.
+    write_drift(conn, run_pk, prepared.drift)
     run = prepared.rows.run
     return IngestResult(
         run_id=run["run_id"],

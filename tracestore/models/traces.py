@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tracestore.db.base import Base, BigIntPK
@@ -32,10 +32,25 @@ class Trace(Base):
     n_time_steps: Mapped[int]
     n_events: Mapped[int]
     n_messages: Mapped[int]
+    # 'received' (posted by the producer) or 'converted' (made by tracestore from the
+    # run's trajectories, e.g. by backfill), with the converter and the source's hash.
+    origin: Mapped[str] = mapped_column(server_default="received")
+    converter: Mapped[str | None]
+    converter_version: Mapped[str | None]
+    source_hash: Mapped[str | None]
 
     __table_args__ = (
         Index("ix_traces_run_pk", "run_pk"),
         Index("ix_traces_session_id", "session_id"),
+        # At most one run-level trace per run, received or converted: concurrent backfills
+        # cannot both store one.
+        Index(
+            "uq_traces_run_level",
+            "run_pk",
+            unique=True,
+            sqlite_where=text("trajectory_idx IS NULL"),
+            postgresql_where=text("trajectory_idx IS NULL"),
+        ),
     )
 
 

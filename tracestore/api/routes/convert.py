@@ -1,0 +1,7 @@
+"""Served reads across formats (/trace, /trajectories) and POST /v1/convert."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(prefix="/v1", tags=["convert"])
