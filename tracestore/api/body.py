@@ -20,6 +20,28 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
+JSON_TYPES = ("", "application/json", "text/json")
+NDJSON_TYPES = (
+    "application/x-ndjson",
+    "application/ndjson",
+    "application/jsonl",
+    "application/jsonlines",
+    "application/x-jsonlines",
+)
+
+
+def is_json(mt: str) -> bool:
+    """True for JSON media types (and for none: clients that send no Content-Type)."""
+    return mt in JSON_TYPES or (mt.startswith("application/") and mt.endswith("+json"))
+
+
+def require_json(request: Request, hint: str = "") -> None:
+    """Refuse (415) a body whose Content-Type is not JSON."""
+    mt = media_type(request)
+    if not is_json(mt):
+        raise UnsupportedMediaType(f"Content-Type {mt!r} is not JSON; send application/json{hint}")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """Read the body, gunzipping `Content-Encoding: gzip`, refusing more than `limit` bytes.
 

@@ -1,9 +1,180 @@
-"""`tracestore convert` and `tracestore backfill`."""
+"""`tracestore convert` (files, offline) and `tracestore backfill` (the store)."""
 
 from __future__ import annotations
 
+import gzip
+import re
+import sys
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Annotated, cast
+
+import orjson
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
+from tracestore.errors import TracestoreError
+
+SHOW_PROBLEMS = 20
+_INDEX = re.compile(r"\[\d+\]")
+
+convert_app = typer.Typer(
+    help=(
+        "Convert rollout files between legacy trajectories and v3 traces, offline (nothing "
+        "is stored). Reads .json (a rollout or an array), .jsonl/.ndjson and their .gz; "
+        "writes JSONL (gzipped when OUT ends in .gz), one converted rollout per line."
+    ),
+    no_args_is_help=True,
+)
+
+FileArg = Annotated[
+    Path,
+    typer.Argument(help="Input file.", exists=True, dir_okay=False, readable=True),
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Output file (default: standard output)."),
+]
+LossesOption = Annotated[
+    Path | None,
+    typer.Option("--losses", help="Also write each rollout's loss report and provenance (JSONL)."),
+]
+
+
+def _open_out(path: Path | None, stack: ExitStack) -> IO[bytes]:
+    if path is None:
+        return sys.stdout.buffer
+    if path.name.endswith(".gz"):
+        zipped = stack.enter_context(gzip.GzipFile(path, "wb"))
+        return cast(IO[bytes], zipped)  # a GzipFile is a binary file object
+    return stack.enter_context(path.open("wb"))
+
+
+def _convert_file(target: str, path: Path, out: Path | None, losses: Path | None) -> None:
+    from tracestore.convert import convert_document
+    from tracestore.ingest.files import iter_file
+    from tracestore.ingest.parse import validate_rollout
+
+    counts: Counter[str] = Counter()
+    loss_kinds: Counter[str] = Counter()
+    problems: list[str] = []
+    steps = 0
+    started = time.perf_counter()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} bytes"),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=out is None and not err_console.is_terminal,
+    )
+    with ExitStack() as stack, progress:
+        sink = _open_out(out, stack)
+        report = _open_out(losses, stack) if losses else None
+        task = progress.add_task(path.name, total=path.stat().st_size)
+        for item in iter_file(path, lambda n: progress.update(task, completed=n)):
+            try:
+                if isinstance(item.value, TracestoreError):
+                    raise item.value
+                doc = validate_rollout(item.value)
+                new_doc, conversion = convert_document(doc, target)
+            except TracestoreError as exc:
+                counts["invalid"] += 1
+                problems.append(f"{item.where}: {exc.message}")
+                continue
+            sink.write(orjson.dumps(new_doc) + b"\n")
+            if report is not None:
+                line = {"run_id": doc.get("run_id"), **conversion.report()}
+                report.write(orjson.dumps(line) + b"\n")
+            counts["converted"] += 1
+            counts["lossless" if conversion.lossless else "with losses"] += 1
+            loss_kinds.update(_INDEX.sub("[]", entry.path) for entry in conversion.losses)
+            steps += sum(len(t.get("steps") or []) for t in new_doc.get("trajectories") or [])
+    elapsed = time.perf_counter() - started
+    err_console.print(
+        f"{counts['converted']} converted ({counts['lossless']} lossless, "
+        f"{counts['with losses']} with losses), {counts['invalid']} invalid, "
+        f"{steps} steps in {elapsed:.2f}s",
+        highlight=False,
+    )
+    if loss_kinds:
+        top = ", ".join(f"{k} x{n}" for k, n in loss_kinds.most_common(8))
+        err_console.print(f"  losses: {top}", highlight=False)
+    for problem in problems[:SHOW_PROBLEMS]:
+        err_console.print(f"  invalid: {problem}", highlight=False, soft_wrap=True)
+    if len(problems) > SHOW_PROBLEMS:
+        err_console.print(f"  ... and {len(problems) - SHOW_PROBLEMS} more")
+    if problems:
+        raise typer.Exit(2)
+
+
+@convert_app.command("to-trace")
+def to_trace(file: FileArg, output: OutOption = None, losses: LossesOption = None) -> None:
+    """Fill each rollout's `trace` from its trajectories (lossless; round-trips exactly)."""
+    _convert_file("trace", file, output, losses)
+
+
+@convert_app.command("to-trajectories")
+def to_trajectories(file: FileArg, output: OutOption = None, losses: LossesOption = None) -> None:
+    """Fill each rollout's `trajectories` from its trace (what a trace lacks is reported)."""
+    _convert_file("trajectories", file, output, losses)
+
+
+def backfill(
+    db: DbOption = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Runs converted per transaction (a kill loses one batch).")
+    ] = 100,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many runs (default: all).")
+    ] = None,
+) -> None:
+    """Store converted traces for legacy-only runs (trajectories, no trace).
+
+    Batched and idempotent: rerun it after a kill and it continues; runs it already
+    converted are not touched. Safe alongside live ingest, and on PostgreSQL several
+    backfills can run at once (each locks its batch with SKIP LOCKED).
+    """
+    from tracestore.backfill import BackfillResult, count_pending
+    from tracestore.backfill import backfill as run_backfill
+
+    with reported_errors():
+        engine = open_store(db)
+        pending = count_pending(engine)
+        total_runs = pending if limit is None else min(pending, limit)
+        started = time.perf_counter()
+        progress = Progress(
+            TextColumn("backfill"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+        )
+        with progress:
+            task = progress.add_task("backfill", total=total_runs)
+
+            def advance(batch: BackfillResult) -> None:
+                progress.advance(task, batch.runs + batch.skipped + len(batch.failed))
+
+            result = run_backfill(engine, batch_size=batch_size, limit=limit, on_batch=advance)
+        engine.dispose()
+    elapsed = time.perf_counter() - started
+    console.print(
+        f"backfill: {result.runs} runs converted ({result.steps} steps) in {elapsed:.1f}s; "
+        f"{result.skipped} already converted by another backfill; {len(result.failed)} failed; "
+        f"{max(pending - result.runs - result.skipped, 0)} still pending",
+        highlight=False,
+    )
+    for run_id, reason in list(result.failed.items())[:SHOW_PROBLEMS]:
+        console.print(f"  failed: {run_id}: {reason}", highlight=False, soft_wrap=True)
+    if result.failed:
+        fail(f"{len(result.failed)} runs could not be converted (listed above)")
 
 
 def register(app: typer.Typer) -> None:
     """Add the conversion verbs to the console script."""
+    app.add_typer(convert_app, name="convert")
+    app.command(name="backfill")(backfill)

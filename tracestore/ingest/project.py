@@ -282,6 +282,19 @@ def project_trace(
     return rows
 
 
+def project_trace_document(trace: Mapping[str, Any], path: str = "trace") -> TraceRows:
+    """Rows of a run-level trace on its own (e.g. one converted from trajectories)."""
+    t = _Typer()
+    rows = project_trace(trace, None, t, path)
+    if t.errors:
+        first = t.errors[0]
+        raise InvalidRollout(
+            f"the trace has a value of the wrong type: {first['path']}: {first['message']}",
+            errors=t.errors[:50],
+        )
+    return rows
+
+
 def _where(sess_path: str, placed: Placed, what: str) -> str:
     if placed.step_position is not None:
         inner = "events" if what == "events" else "markov_blanket_messages"

@@ -2,6 +2,115 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from tracestore.api.body import read_body, require_json
+from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.schemas import error_responses
+from tracestore.convert import convert_document
+from tracestore.ingest.parse import parse_json, validate_rollout
+from tracestore.store.served import Served, served_trace, served_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
+
+RunIdPath = Annotated[str, Path(description="The rollout's run_id.", min_length=1)]
+SOURCE_HEADER = "X-Tracestore-Source"
+_HEADERS_DOC = {
+    SOURCE_HEADER: {
+        "description": "`stored` (the producer sent this part) or `converted` (made from the "
+        "other part of the rollout).",
+        "schema": {"type": "string", "enum": ["stored", "converted"]},
+    },
+    "X-Tracestore-Converter": {
+        "description": "On converted parts: converter name/version and the number of loss "
+        "entries (POST /v1/convert gives the full loss report).",
+        "schema": {"type": "string"},
+    },
+}
+
+
+def _response(served: Served) -> Response:
+    headers: dict[str, str] = {SOURCE_HEADER: served.source}
+    if served.conversion is not None:
+        p = served.conversion.provenance
+        headers["X-Tracestore-Converter"] = (
+            f"{p.converter}/{p.converter_version}; losses={len(served.conversion.losses)}"
+        )
+    return Response(orjson.dumps(served.data), media_type="application/json", headers=headers)
+
+
+@router.get(
+    "/rollouts/{run_id}/trace",
+    summary="The run's v3 trace (full shape): stored, or converted from its trajectories.",
+    description=(
+        "A stored `full` trace is returned as sent; a `wrapped` one is unwrapped to its "
+        "session trace. A run whose trace is null, empty or a summary gets a trace converted "
+        "from its trajectories (deterministic; provenance in `metadata`)."
+    ),
+    responses={
+        200: {"content": {"application/json": {}}, "headers": _HEADERS_DOC},
+        **error_responses(401, 404),
+    },
+    response_class=Response,
+)
+def get_trace(run_id: RunIdPath, session: ReadSessionDep) -> Response:
+    """Serve a run's trace."""
+    return _response(served_trace(session, run_id))
+
+
+@router.get(
+    "/rollouts/{run_id}/trajectories",
+    summary="The run's legacy trajectories: stored, or converted from its trace.",
+    description=(
+        "For legacy readers after producers stop sending trajectories: a trace-only run is "
+        "served trajectories converted from its full trace (what the trace cannot hold, such "
+        "as `info`, is null; the loss report is at POST /v1/convert)."
+    ),
+    responses={
+        200: {"content": {"application/json": {}}, "headers": _HEADERS_DOC},
+        **error_responses(401, 404),
+    },
+    response_class=Response,
+)
+def get_trajectories(run_id: RunIdPath, session: ReadSessionDep) -> Response:
+    """Serve a run's trajectories."""
+    return _response(served_trajectories(session, run_id))
+
+
+def _convert(raw: bytes, to: str) -> dict[str, Any]:
+    doc = validate_rollout(parse_json(raw))
+    new_doc, conversion = convert_document(doc, to)
+    return {"document": new_doc, **conversion.report()}
+
+
+@router.post(
+    "/convert",
+    summary="Convert a posted RolloutResponse without storing it.",
+    description=(
+        "`to=trace` fills `trace` from the trajectories; `to=trajectories` fills "
+        "`trajectories` from the trace. Returns the converted document, the loss report and "
+        "the provenance (converter, version, source sha256)."
+    ),
+    responses=error_responses(400, 401, 413, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RolloutIn"}}},
+        }
+    },
+)
+async def post_convert(
+    request: Request,
+    state: StateDep,
+    to: Annotated[Literal["trace", "trajectories"], Query(description="Target format.")],
+) -> Response:
+    """Convert one document."""
+    require_json(request)
+    raw = await read_body(request, state.settings.max_body_bytes)
+    body = await run_in_threadpool(_convert, raw, to)
+    return Response(orjson.dumps(body), media_type="application/json")

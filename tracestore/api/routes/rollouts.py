@@ -9,7 +9,7 @@ import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from tracestore.api.body import media_type, read_body
+from tracestore.api.body import NDJSON_TYPES, is_json, media_type, read_body, require_json
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.errors import JSONBody, error_body, status_of
 from tracestore.api.schemas import (
@@ -26,19 +26,7 @@ from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs,
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
-JSON_TYPES = ("", "application/json", "text/json")
-NDJSON_TYPES = (
-    "application/x-ndjson",
-    "application/ndjson",
-    "application/jsonl",
-    "application/jsonlines",
-    "application/x-jsonlines",
-)
 _ROLLOUT_BODY = {"$ref": "#/components/schemas/RolloutIn"}
-
-
-def _is_json(mt: str) -> bool:
-    return mt in JSON_TYPES or (mt.startswith("application/") and mt.endswith("+json"))
 
 
 def _result_status(result: IngestResult) -> int:
@@ -71,12 +59,7 @@ def _result_status(result: IngestResult) -> int:
 )
 async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     """Ingest one rollout."""
-    mt = media_type(request)
-    if not _is_json(mt):
-        raise UnsupportedMediaType(
-            f"Content-Type {mt!r} is not JSON; send application/json "
-            "(NDJSON goes to /v1/rollouts/batch)"
-        )
+    require_json(request, " (NDJSON goes to /v1/rollouts/batch)")
     raw = await read_body(request, state.settings.max_body_bytes)
     result = await run_in_threadpool(ingest_bytes, state.engine, raw)
     if result.error is not None:  # conflict
@@ -160,7 +143,7 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     """Ingest a batch of rollouts."""
     mt = media_type(request)
     ndjson = mt in NDJSON_TYPES
-    if not ndjson and not _is_json(mt):
+    if not ndjson and not is_json(mt):
         raise UnsupportedMediaType(
             f"Content-Type {mt!r} is not supported: send application/json (an array) or "
             "application/x-ndjson"
