@@ -28,6 +28,20 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest accepted request body, after decompression.",
     )
+    max_inflight_bytes: int = Field(
+        default=4 * DEFAULT_MAX_BODY_BYTES,
+        gt=0,
+        description=(
+            "Most request-body bytes (as declared or received) held by requests in flight "
+            "in one worker; past it new requests get 503 with Retry-After."
+        ),
+    )
+    drift_budget: float = Field(
+        default=0.001,
+        ge=0,
+        le=1,
+        description="Phase 2 gate: the largest acceptable drift rate over comparable runs.",
+    )
     max_batch_items: int = Field(
         default=10_000, gt=0, description="Most rollouts accepted in one batch request."
     )

@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from tracestore import __version__
+from tracestore.api import limits
 from tracestore.api.deps import AppState, require_api_key
 from tracestore.api.errors import install_error_handlers
 from tracestore.api.routes import convert, drift, reports, rollouts, service
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    limits.install(app, settings)
     app.include_router(service.router)
     keyed = [Depends(require_api_key)]
     app.include_router(rollouts.router, dependencies=keyed)
