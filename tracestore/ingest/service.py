@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tracestore.correlation import resolve_correlation
+from tracestore.db.bulk import allocate_ids, bulk_insert
 from tracestore.db.uow import write_session
 from tracestore.drift.store import drift_rows, write_drift
 from tracestore.errors import Conflict, TracestoreError
@@ -30,6 +31,7 @@ from tracestore.models import (
     TraceTimeStep,
     Trajectory,
 )
+from tracestore.wire.trace import reusing_views
 
 Status = Literal["created", "duplicate", "conflict", "invalid"]
 DOCUMENT_ENCODING = "zstd"
@@ -105,10 +107,11 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
     """Parse (unless `doc` is given), validate and project one raw document."""
     parsed = parse_json(raw) if doc is _MISSING else doc
     valid = validate_rollout(parsed)
-    rows = project_rollout(valid, resolve_correlation(valid))
-    return Prepared(
-        doc=valid, raw=raw, digest=content_hash(valid), rows=rows, drift=drift_rows(valid)
-    )
+    # Projection, drift comparison and the reproduction check each read the trace: once.
+    with reusing_views():
+        rows = project_rollout(valid, resolve_correlation(valid))
+        drift = drift_rows(valid)
+    return Prepared(doc=valid, raw=raw, digest=content_hash(valid), rows=rows, drift=drift)
 
 
 class _RunIdTaken(Exception):
@@ -187,13 +190,6 @@ def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
     )
 
 
-def _returning_ids(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> list[int]:
-    if not rows:
-        return []
-    result = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True), rows)
-    return [r[0] for r in result]
-
-
 def write_trace(
     conn: Connection, run_pk: int, trace: TraceRows, provenance: dict[str, Any] | None = None
 ) -> int:
@@ -203,27 +199,35 @@ def write_trace(
     tracestore converted rather than received.
     """
     trace_row = dict(trace.trace, run_pk=run_pk, **(provenance or _RECEIVED))
+    # Through SQLAlchemy (one row): a unique violation on the run-level trace index must
+    # surface as IntegrityError for backfill's savepoint.
     trace_pk: int = conn.execute(_INSERT_TRACE, trace_row).scalar_one()
-    step_pks = _returning_ids(
-        conn, TIME_STEPS, [dict(s, trace_pk=trace_pk) for s in trace.time_steps]
+    step_pks = allocate_ids(conn, TIME_STEPS, len(trace.time_steps))
+    bulk_insert(
+        conn,
+        TIME_STEPS,
+        [
+            dict(s, id=pk, trace_pk=trace_pk)
+            for s, pk in zip(trace.time_steps, step_pks, strict=True)
+        ],
     )
     by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
-    if trace.events:
-        conn.execute(
-            insert(EVENTS),
-            [
-                dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-                for e, s in zip(trace.events, trace.event_steps, strict=True)
-            ],
-        )
-    if trace.messages:
-        conn.execute(
-            insert(MESSAGES),
-            [
-                dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-                for m, s in zip(trace.messages, trace.message_steps, strict=True)
-            ],
-        )
+    bulk_insert(
+        conn,
+        EVENTS,
+        [
+            dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+            for e, s in zip(trace.events, trace.event_steps, strict=True)
+        ],
+    )
+    bulk_insert(
+        conn,
+        MESSAGES,
+        [
+            dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
+            for m, s in zip(trace.messages, trace.message_steps, strict=True)
+        ],
+    )
     return trace_pk
 
 
@@ -242,20 +246,32 @@ def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> i
         run_pk: int = conn.execute(_INSERT_RUN, run_row).scalar_one()
     except IntegrityError as exc:
         raise _RunIdTaken from exc
-    conn.execute(
-        insert(DOCUMENTS),
-        {"run_pk": run_pk, "encoding": DOCUMENT_ENCODING, "body": compress_document(prepared.raw)},
+    bulk_insert(
+        conn,
+        DOCUMENTS,
+        [
+            {
+                "run_pk": run_pk,
+                "encoding": DOCUMENT_ENCODING,
+                "body": compress_document(prepared.raw),
+            }
+        ],
     )
-    traj_pks = _returning_ids(
-        conn, TRAJECTORIES, [dict(r, run_pk=run_pk) for r in rows.trajectories]
+    traj_pks = allocate_ids(conn, TRAJECTORIES, len(rows.trajectories))
+    bulk_insert(
+        conn,
+        TRAJECTORIES,
+        [dict(r, id=pk, run_pk=run_pk) for r, pk in zip(rows.trajectories, traj_pks, strict=True)],
     )
-    step_rows = [
-        dict(s, run_pk=run_pk, trajectory_pk=traj_pk)
-        for traj_pk, steps in zip(traj_pks, rows.steps, strict=True)
-        for s in steps
-    ]
-    if step_rows:
-        conn.execute(insert(STEPS), step_rows)
+    bulk_insert(
+        conn,
+        STEPS,
+        [
+            dict(s, run_pk=run_pk, trajectory_pk=traj_pk)
+            for traj_pk, steps in zip(traj_pks, rows.steps, strict=True)
+            for s in steps
+        ],
+    )
     for trace in rows.traces:
         write_trace(conn, run_pk, trace)
     return run_pk

@@ -6,7 +6,9 @@ comparison all read traces through this module so they agree on what a trace hol
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -141,11 +143,16 @@ def _event_time_of(item: object) -> object:
     return None
 
 
-def _match_key(item: object) -> tuple[str, str, str]:
-    # Cheap, hashable pre-filter; equality of the whole object confirms a match. repr()
-    # keeps unhashable or odd values (lists, floats) usable as part of the key.
-    sid = item.get("system_instance_id") if isinstance(item, Mapping) else None
-    return (repr(_step_id_of(item)), repr(_event_time_of(item)), repr(sid))
+def _match_key(item: object) -> object:
+    # Cheap, hashable pre-filter; equality of the whole object confirms a match. Values
+    # that cannot be hashed (lists, objects) fall back to their repr.
+    sid = item.get("system_instance_id") if isinstance(item, dict) else None
+    key = (_step_id_of(item), _event_time_of(item), sid)
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +171,7 @@ def place_once(history: Sequence[Any], per_step: Sequence[Sequence[Any]]) -> lis
     Order: the steps' items in time-step order, then history items found in no step. When
     no step holds items, the history order is the order.
     """
-    candidates: dict[tuple[str, str, str], list[int]] = {}
+    candidates: dict[object, list[int]] = {}
     for h, item in enumerate(history):
         candidates.setdefault(_match_key(item), []).append(h)
     used: set[int] = set()
@@ -247,8 +254,39 @@ class TraceView:
         return out
 
 
+_recent = threading.local()
+
+
+@contextmanager
+def reusing_views() -> Iterator[None]:
+    """Within this block (one thread), view_trace reuses its last view of the same object.
+
+    Ingest reads one trace three times (projection, drift comparison, reproduction check)
+    and changes nothing in between; outside such a block every call reads afresh, so code
+    that edits a trace and reads it again never sees a stale view.
+    """
+    _recent.active = True
+    try:
+        yield
+    finally:
+        _recent.active = False
+        _recent.entry = None
+
+
 def view_trace(trace: Mapping[str, Any]) -> TraceView:
     """Read a `full` or `wrapped` trace (other kinds give a view with no steps or events)."""
+    if not getattr(_recent, "active", False):
+        return _view_trace(trace)
+    cached = getattr(_recent, "entry", None)
+    if cached is not None and cached[0] is trace:
+        view: TraceView = cached[1]
+        return view
+    view = _view_trace(trace)
+    _recent.entry = (trace, view)
+    return view
+
+
+def _view_trace(trace: Mapping[str, Any]) -> TraceView:
     wrapper: dict[str, Any] | None = None
     session: Mapping[str, Any] = trace
     if classify_trace(trace) == "wrapped":
