@@ -22,7 +22,7 @@ from tracestore.cli.common import DbOption, console, err_console, fail, open_sto
 from tracestore.errors import TracestoreError
 from tracestore.ingest.files import FileItem, iter_file
 
-BATCH_DOCS = 100
+BATCH_DOCS = 64
 BATCH_BYTES = 8 * 1024 * 1024
 SHOW_PROBLEMS = 20
 
@@ -43,20 +43,31 @@ def _items(paths: list[Path], progress: Progress) -> Iterator[FileItem]:
 
 
 def _direct(db: str | None, items: Iterator[FileItem], record: Any) -> None:
-    from tracestore.ingest.service import ingest_bytes
+    from tracestore.ingest.service import ingest_many
 
     engine = open_store(db)
+
+    def flush(batch: list[FileItem]) -> None:
+        # Each rollout stands alone (its own savepoint); the batch shares a commit.
+        for item, result in zip(
+            batch, ingest_many(engine, [(i.raw, i.value) for i in batch]), strict=True
+        ):
+            record(item, result.status, result.error.message if result.error else None)
+
     try:
+        batch: list[FileItem] = []
+        size = 0
         for item in items:
             if isinstance(item.value, TracestoreError):
                 record(item, "invalid", item.value.message)
                 continue
-            try:
-                result = ingest_bytes(engine, item.raw, item.value)
-            except TracestoreError as exc:
-                record(item, "invalid", exc.message)
-                continue
-            record(item, result.status, result.error.message if result.error else None)
+            batch.append(item)
+            size += len(item.raw)
+            if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+                flush(batch)
+                batch, size = [], 0
+        if batch:
+            flush(batch)
     finally:
         engine.dispose()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -12,7 +13,6 @@ import orjson
 import zstandard
 from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from tracestore.correlation import resolve_correlation
 from tracestore.db.bulk import allocate_ids, bulk_insert
@@ -277,37 +277,75 @@ def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> i
     return run_pk
 
 
-def store_prepared(session: Session, prepared: Prepared) -> IngestResult:
-    """Store a prepared rollout in the caller's transaction, or say why not (dup/conflict)."""
-    conn = session.connection()
-    existing = _existing(conn, prepared)
-    if existing is not None:
-        return existing
-    run_pk = write_rows(conn, prepared, datetime.now(UTC))
-    # Drift findings are written in the rollout's own transaction: all or nothing.
-    write_drift(conn, run_pk, prepared.drift)
-    run = prepared.rows.run
-    return IngestResult(
-        run_id=run["run_id"],
-        status="created",
-        correlation_id=run["correlation_id"],
-        correlation_source=run["correlation_source"],
-        trace_kind=run["trace_kind"],
-        n_steps=run["n_steps"],
-    )
+def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
+    """Store a prepared rollout in the caller's transaction, in a savepoint of its own.
+
+    Returns `duplicate` or `conflict` (writing nothing) when the run_id is already stored.
+    """
+    for _attempt in range(3):
+        existing = _existing(conn, prepared)
+        if existing is not None:
+            return existing
+        try:
+            # The savepoint makes the rollout all-or-nothing inside a larger transaction.
+            with conn.begin_nested():
+                run_pk = write_rows(conn, prepared, datetime.now(UTC))
+                # Drift findings go in with the rollout's rows: all or nothing.
+                write_drift(conn, run_pk, prepared.drift)
+        except _RunIdTaken:
+            # A concurrent transaction stored the same run_id between our check and our
+            # insert; only our savepoint was undone. Check again: duplicate or conflict.
+            continue
+        run = prepared.rows.run
+        return IngestResult(
+            run_id=run["run_id"],
+            status="created",
+            correlation_id=run["correlation_id"],
+            correlation_source=run["correlation_source"],
+            trace_kind=run["trace_kind"],
+            n_steps=run["n_steps"],
+        )
+    raise RuntimeError("run_id kept colliding with concurrent inserts")  # pragma: no cover
+
+
+# A transaction holds SQLite's single write lock: bound how much one batch does under it.
+MAX_ROLLOUTS_PER_TRANSACTION = 64
+MAX_BYTES_PER_TRANSACTION = 16 * 1024 * 1024
+
+
+def _chunks(prepared: Sequence[Prepared]) -> Iterator[list[Prepared]]:
+    chunk: list[Prepared] = []
+    size = 0
+    for item in prepared:
+        if chunk and (
+            len(chunk) >= MAX_ROLLOUTS_PER_TRANSACTION
+            or size + len(item.raw) > MAX_BYTES_PER_TRANSACTION
+        ):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item.raw)
+    if chunk:
+        yield chunk
+
+
+def ingest_prepared_many(engine: Engine, prepared: Sequence[Prepared]) -> list[IngestResult]:
+    """Store rollouts, each standing alone (a savepoint each), a few per transaction.
+
+    Sharing a transaction means one commit, so one disk flush, for many rollouts; nothing
+    is acknowledged before its transaction commits.
+    """
+    results: list[IngestResult] = []
+    for chunk in _chunks(prepared):
+        with write_session(engine) as session:
+            conn = session.connection()
+            results.extend(store_prepared(conn, item) for item in chunk)
+    return results
 
 
 def ingest_prepared(engine: Engine, prepared: Prepared) -> IngestResult:
     """Store one prepared rollout in its own transaction (all or nothing)."""
-    for _attempt in range(3):
-        try:
-            with write_session(engine) as session:
-                return store_prepared(session, prepared)
-        except _RunIdTaken:
-            # A concurrent request stored the same run_id between our check and our
-            # insert; the transaction rolled back whole. Re-check: duplicate or conflict.
-            continue
-    raise RuntimeError("run_id kept colliding with concurrent inserts")  # pragma: no cover
+    return ingest_prepared_many(engine, [prepared])[0]
 
 
 def ingest_bytes(engine: Engine, raw: bytes, doc: Any = _MISSING) -> IngestResult:
@@ -315,12 +353,14 @@ def ingest_bytes(engine: Engine, raw: bytes, doc: Any = _MISSING) -> IngestResul
     return ingest_prepared(engine, prepare(raw, doc))
 
 
-def ingest_many(engine: Engine, items: list[tuple[bytes, Any]]) -> list[IngestResult]:
+def ingest_many(engine: Engine, items: Sequence[tuple[bytes, Any]]) -> list[IngestResult]:
     """Ingest several documents, each standing or falling alone; errors become results."""
-    results: list[IngestResult] = []
+    results: list[IngestResult | None] = []
+    ready: list[tuple[int, Prepared]] = []
     for raw, doc in items:
         try:
-            results.append(ingest_bytes(engine, raw, doc))
+            ready.append((len(results), prepare(raw, doc)))
+            results.append(None)
         except TracestoreError as exc:
             run_id = doc.get("run_id") if isinstance(doc, dict) else None
             results.append(
@@ -330,4 +370,7 @@ def ingest_many(engine: Engine, items: list[tuple[bytes, Any]]) -> list[IngestRe
                     error=exc,
                 )
             )
-    return results
+    stored = ingest_prepared_many(engine, [p for _, p in ready])
+    for (index, _), result in zip(ready, stored, strict=True):
+        results[index] = result
+    return [r for r in results if r is not None]

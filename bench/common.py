@@ -1,0 +1,144 @@
+"""Shared benchmark plumbing: fresh databases, timing, percentiles, a server process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine as sa_engine
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tracestore.db import migrate
+from tracestore.db.engine import create_engine
+
+PG_ADMIN = os.environ.get(
+    "TRACESTORE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+TRACESTORE = str(Path(sys.executable).parent / "tracestore")
+
+
+def pg_available() -> bool:
+    """True when the benchmark PostgreSQL answers."""
+    try:
+        engine = sa_engine(PG_ADMIN, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception:
+        return False
+    return True
+
+
+@contextmanager
+def fresh_database(backend: str, migrated: bool = True) -> Iterator[str]:
+    """A new empty database URL of `backend` (migrated to head), removed afterwards."""
+    if backend == "sqlite":
+        folder = tempfile.mkdtemp(prefix="tracestore-bench-")
+        url = f"sqlite:///{folder}/bench.db"
+        try:
+            if migrated:
+                _migrate(url)
+            yield url
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
+    admin = sa_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    name = f"tracestore_bench_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+    try:
+        if migrated:
+            _migrate(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _migrate(url: str) -> None:
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50 and p99 (milliseconds) of samples given in seconds."""
+    ordered = sorted(samples)
+    q = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "n": len(ordered)}
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def server(url: str, workers: int = 1, **env: str) -> Iterator[str]:
+    """`tracestore serve` as a subprocess on loopback; yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            TRACESTORE,
+            "serve",
+            "--db",
+            url,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        env=dict(os.environ, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+                )
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def timed(fn: Any, *args: Any) -> float:
+    """Seconds `fn(*args)` takes."""
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
