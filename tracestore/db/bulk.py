@@ -14,7 +14,7 @@ IMMEDIATE (`db/engine.py`) until they commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,10 +65,15 @@ class BulkTable:
             marks = ", ".join("?" for _ in self.columns)
             self.sql = f'INSERT INTO "{table.name}" ({names}) VALUES ({marks})'
 
-    def tuples(self, rows: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        """Rows as adapted tuples in column order."""
+    def tuples(self, rows: Sequence[dict[str, Any]]) -> Iterator[tuple[Any, ...]]:
+        """Rows as adapted tuples in column order, one at a time.
+
+        Lazily: serialized JSON exists for one row at a time, not for the whole rollout,
+        which keeps peak memory near the parsed document's size for large rollouts.
+        """
         pairs = list(zip(self.columns, self.adapters, strict=True))
-        return [tuple(row[c] if fn is None else fn(row[c]) for c, fn in pairs) for row in rows]
+        for row in rows:
+            yield tuple(row[c] if fn is None else fn(row[c]) for c, fn in pairs)
 
     def write(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert `rows` (dicts holding every column of this writer) on `conn`."""

@@ -59,9 +59,15 @@ def decompress_document(body: bytes, encoding: str) -> bytes:
     return bytes(zstandard.ZstdDecompressor().decompress(body))
 
 
-def content_hash(doc: Any) -> str:
-    """sha256 of the canonical JSON (sorted keys): equal JSON values hash equal."""
-    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+def content_hash(raw: bytes) -> str:
+    """sha256 of the document's bytes as received.
+
+    A retry almost always resends the same bytes, so equal hashes settle `duplicate` at
+    once; different bytes may still be the same JSON value (other key order or spacing),
+    which `_existing` decides by comparing the values. Hashing the bytes, rather than a
+    canonical re-serialization, spares a second copy of every document in memory.
+    """
+    return hashlib.sha256(raw).hexdigest()
 
 
 @dataclass(slots=True)
@@ -111,7 +117,7 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
     with reusing_views():
         rows = project_rollout(valid, resolve_correlation(valid))
         drift = drift_rows(valid)
-    return Prepared(doc=valid, raw=raw, digest=content_hash(valid), rows=rows, drift=drift)
+    return Prepared(doc=valid, raw=raw, digest=content_hash(raw), rows=rows, drift=drift)
 
 
 class _RunIdTaken(Exception):
@@ -160,23 +166,26 @@ def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
     if run is None:
         return None
     rows = prepared.rows.run
+    duplicate = IngestResult(
+        run_id=prepared.doc["run_id"],
+        status="duplicate",
+        correlation_id=run.correlation_id,
+        correlation_source=run.correlation_source,
+        trace_kind=run.trace_kind,
+        n_steps=rows["n_steps"],
+    )
     if run.content_hash == prepared.digest:
-        return IngestResult(
-            run_id=prepared.doc["run_id"],
-            status="duplicate",
-            correlation_id=run.correlation_id,
-            correlation_source=run.correlation_source,
-            trace_kind=run.trace_kind,
-            n_steps=rows["n_steps"],
-        )
+        return duplicate
     doc_row = conn.execute(
         select(DOCUMENTS.c.body, DOCUMENTS.c.encoding).where(DOCUMENTS.c.run_pk == run.id)
     ).one()
     stored = orjson.loads(decompress_document(doc_row.body, doc_row.encoding))
     parts = _differing_parts(stored, prepared.doc)
+    if not parts:
+        return duplicate  # the same JSON value, spelled differently
     error = Conflict(
         f"run_id {prepared.doc['run_id']!r} was already stored with other content; "
-        f"differing top-level parts: {', '.join(parts) or '(number spelling only)'}",
+        f"differing top-level parts: {', '.join(parts)}",
         run_id=prepared.doc["run_id"],
         differing_parts=parts,
     )

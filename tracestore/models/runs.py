@@ -38,7 +38,8 @@ class Run(Base):
     ops_executed: Mapped[int]
     branches: Mapped[Any] = mapped_column(nullable=True)
     pipeline_metadata: Mapped[Any] = mapped_column(nullable=True)
-    # sha256 of the document's canonical JSON (sorted keys): decides duplicate vs conflict.
+    # sha256 of the document's bytes as received: equal bytes are a duplicate at once;
+    # otherwise ingest compares JSON values (duplicate, or conflict).
     content_hash: Mapped[str]
     # Size of the document as received, in bytes.
     doc_bytes: Mapped[int]

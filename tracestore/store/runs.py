@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, select, union
 from sqlalchemy.orm import Session
 
 from tracestore.errors import InvalidRequest, NotFound
@@ -76,14 +76,21 @@ def decode_cursor(cursor: str) -> int:
         raise InvalidRequest("cursor is not one this service issued", cursor=cursor) from None
 
 
+def runs_of_cid(cid: str) -> Any:
+    """Keys of the runs whose canonical or per-trajectory cid is `cid`.
+
+    A UNION of two index look-ups: written as `a OR b IN (...)`, PostgreSQL cannot use
+    either index and scans every run.
+    """
+    return union(
+        select(Run.id).where(Run.correlation_id == cid),
+        select(Trajectory.run_pk).where(Trajectory.correlation_id == cid),
+    )
+
+
 def _filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
     if f.correlation_id is not None:
-        in_trajectories = select(Trajectory.run_pk).where(
-            Trajectory.correlation_id == f.correlation_id
-        )
-        query = query.where(
-            or_(Run.correlation_id == f.correlation_id, Run.id.in_(in_trajectories))
-        )
+        query = query.where(Run.id.in_(runs_of_cid(f.correlation_id)))
     if f.env_id is not None:
         query = query.where(
             Run.id.in_(select(Trajectory.run_pk).where(Trajectory.env_id == f.env_id))
@@ -160,12 +167,7 @@ def list_runs(
 
 def runs_by_correlation(session: Session, cid: str) -> list[dict[str, Any]]:
     """Every run whose canonical or per-trajectory cid is `cid` (NotFound when none)."""
-    in_trajectories = select(Trajectory.run_pk).where(Trajectory.correlation_id == cid)
-    query = (
-        select(*SUMMARY_COLUMNS)
-        .where(or_(Run.correlation_id == cid, Run.id.in_(in_trajectories)))
-        .order_by(Run.id.desc())
-    )
+    query = select(*SUMMARY_COLUMNS).where(Run.id.in_(runs_of_cid(cid))).order_by(Run.id.desc())
     rows = list(session.execute(query))
     if not rows:
         raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)

@@ -1,0 +1,57 @@
+"""Peak memory while ingesting one large rollout (default 50 MB), as a multiple of its size.
+
+Runs in a fresh subprocess: RSS before the document is read, then the peak RSS
+(ru_maxrss) after it was parsed, validated, projected and stored.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import sized
+
+CHILD = """
+import json, resource, sys
+from pathlib import Path
+from tracestore.db.engine import create_engine
+from tracestore.ingest.service import ingest_bytes
+
+def rss_kb():
+    for line in Path('/proc/self/status').read_text().splitlines():
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1])
+    raise RuntimeError('no VmRSS')
+
+engine = create_engine(sys.argv[2])
+before = rss_kb()
+raw = Path(sys.argv[1]).read_bytes()
+result = ingest_bytes(engine, raw)
+assert result.status == 'created', result
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({'before_kb': before, 'peak_kb': peak, 'bytes': len(raw)}))
+"""
+
+
+def measure(url: str, n_bytes: int = 50_000_000) -> dict[str, Any]:
+    """Peak RSS growth while ingesting one rollout of about `n_bytes`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "big.json"
+        path.write_bytes(sized(n_bytes, seed=7))
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(path), url],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    growth = (data["peak_kb"] - data["before_kb"]) * 1024
+    data["peak_growth_bytes"] = growth
+    data["multiple_of_size"] = growth / data["bytes"]
+    data["self_peak_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return data
