@@ -113,7 +113,12 @@ def multi_step(seed: int, n_steps: int = 20) -> dict[str, Any]:
         }
 
         def message(
-            kind: str, payload: dict[str, Any], extra: dict[str, Any] | None = None
+            kind: str,
+            payload: dict[str, Any],
+            extra: dict[str, Any] | None = None,
+            t: float = t,
+            i: int = i,
+            sid: str = sid,
         ) -> dict[str, Any]:
             return {
                 "content": {"text": None, "json_payload": orjson.dumps(payload).decode()},
@@ -139,7 +144,9 @@ def multi_step(seed: int, n_steps: int = 20) -> dict[str, Any]:
             {
                 "step_id": sid,
                 "step_index": i,
-                "timestamp": f"datetime.datetime(2026, 12, 2, 9, 47, {i % 60}, tzinfo=datetime.timezone.utc)",
+                # The Python repr form that SDK task apps write.
+                "timestamp": f"datetime.datetime(2026, 12, 2, 9, 47, {i % 60}, "
+                "tzinfo=datetime.timezone.utc)",
                 "turn_number": i,
                 "events": [lm, env],
                 "markov_blanket_messages": step_messages,

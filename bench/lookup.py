@@ -92,7 +92,7 @@ def fill(url: str, n: int, start: int = 0) -> None:
         for runs, trajectories, documents in _run_rows(start, n):
             conn.executemany(
                 f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' * 22)})",
-                [r[:4] + (r[4].replace(tzinfo=None).isoformat(" "),) + r[5:] for r in runs],
+                [(*r[:4], r[4].replace(tzinfo=None).isoformat(" "), *r[5:]) for r in runs],
             )
             conn.executemany(
                 f"INSERT INTO trajectories ({TRAJ_COLUMNS}) VALUES ({', '.join('?' * 10)})",
