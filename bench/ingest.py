@@ -26,7 +26,7 @@ from tracestore.db.base import Base
 from tracestore.db.engine import create_engine
 from tracestore.db.types import JSONValue
 from tracestore.ingest.project import RolloutRows, project_rollout
-from tracestore.ingest.service import ingest_bytes
+from tracestore.ingest.service import ingest_bytes, ingest_raw_many
 
 TABLES = (
     "runs",
@@ -168,15 +168,25 @@ def floor(url: str, docs: Sequence[bytes]) -> float:
         return time.perf_counter() - start
 
 
-def in_process(url: str, docs: Sequence[bytes]) -> float:
-    """Seconds for `ingest_bytes` (the API's library call) to store every document."""
+def in_process(url: str, docs: Sequence[bytes], batch: int) -> float:
+    """Seconds for the API's library calls to store every document.
+
+    batch=1: `ingest_bytes` per document (POST /v1/rollouts); else `ingest_many` per batch
+    (POST /v1/rollouts/batch): a savepoint per rollout, one commit per transaction.
+    """
     engine = create_engine(url)
     start = time.perf_counter()
-    for raw in docs:
-        result = ingest_bytes(engine, raw)
-        assert result.status == "created", result
+    if batch == 1:
+        results = [ingest_bytes(engine, raw) for raw in docs]
+    else:
+        results = []
+        for i in range(0, len(docs), batch):
+            results += ingest_raw_many(engine, docs[i : i + batch])
     elapsed = time.perf_counter() - start
     engine.dispose()
+    assert all(r.status == "created" for r in results), [
+        r for r in results if r.status != "created"
+    ][:1]
     return elapsed
 
 
@@ -240,8 +250,10 @@ def run(
     results: dict[str, Any] = {}
     with fresh_database(backend) as url:
         results["floor"] = figures(floor(url, docs), docs, steps)
-    with fresh_database(backend) as url:
-        results["in_process"] = figures(in_process(url, docs), docs, steps)
+    for batch in (1, 50):
+        with fresh_database(backend) as url:
+            name = "in_process_batch" if batch > 1 else "in_process_single"
+            results[name] = figures(in_process(url, docs, batch), docs, steps)
     for workers, batch in http_modes:
         with fresh_database(backend) as url:
             seconds = over_http(url, docs, workers=workers, batch=batch, clients=2 * workers)

@@ -383,3 +383,8 @@ def ingest_many(engine: Engine, items: Sequence[tuple[bytes, Any]]) -> list[Inge
     for (index, _), result in zip(ready, stored, strict=True):
         results[index] = result
     return [r for r in results if r is not None]
+
+
+def ingest_raw_many(engine: Engine, raws: Sequence[bytes]) -> list[IngestResult]:
+    """Ingest raw documents (each parsed here), each standing or falling alone."""
+    return ingest_many(engine, [(raw, _MISSING) for raw in raws])
