@@ -146,8 +146,17 @@ def _event_time_of(item: object) -> object:
 def _match_key(item: object) -> object:
     # Cheap, hashable pre-filter; equality of the whole object confirms a match. Values
     # that cannot be hashed (lists, objects) fall back to their repr.
-    sid = item.get("system_instance_id") if isinstance(item, dict) else None
-    key = (_step_id_of(item), _event_time_of(item), sid)
+    if type(item) is dict:  # the common case, without the Mapping ABC's cost
+        meta = item.get("metadata")
+        record = item.get("time_record")
+        key: object = (
+            meta.get("step_id") if type(meta) is dict else None,
+            record.get("event_time") if type(record) is dict else None,
+            item.get("system_instance_id"),
+        )
+    else:
+        sid = item.get("system_instance_id") if isinstance(item, Mapping) else None
+        key = (_step_id_of(item), _event_time_of(item), sid)
     try:
         hash(key)
     except TypeError:
