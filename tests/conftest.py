@@ -190,11 +190,16 @@ def wipe(engine: Engine) -> None:
 
 
 def row_counts(engine: Engine) -> dict[str, int]:
-    """Rows in every table."""
+    """Rows in every table that holds rollout data.
+
+    `legacy_reads` is left out: live servers flush their read counters every few seconds,
+    whichever test is running.
+    """
     with engine.connect() as conn:
         return {
             t.name: conn.execute(text(f"SELECT count(*) FROM {t.name}")).scalar_one()
             for t in Base.metadata.sorted_tables
+            if t.name != "legacy_reads"
         }
 
 

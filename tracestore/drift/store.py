@@ -1,18 +1,342 @@
-"""Stored drift findings: computed before the ingest transaction, written inside it."""
+"""Stored drift: rows computed before the ingest transaction, written inside it, and queried.
+
+`drift_rows(doc)` is pure: it runs the comparison (SPEC §6) and the phase-1 reproduction
+check (the trace alone, converted by `trace_to_trajectories`, gives back the stored steps'
+obs, reward, done, truncated and normalized tool calls) outside any transaction, so
+`write_drift` inside the rollout's transaction is two executemany inserts.
+
+Every dialect difference of the drift tables (the UTC day of a timestamp, the upsert of
+legacy reads) is in this module.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Date,
+    Table,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from tracestore.convert import CONVERTER_VERSION, trace_to_trajectories
+from tracestore.drift.compare import (
+    DRIFT_KINDS,
+    REWARD_TOLERANCE,
+    Comparison,
+    compare_rollout,
+)
+from tracestore.models import Run
+from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
+from tracestore.toolcalls import normalize_tool_calls
+from tracestore.wire.trace import classify_trace, infer_event_type, unwrap_trace
+
+# Fields the reproduction check compares, in the order a gap is reported.
+REPRODUCED_FIELDS = ("obs", "reward", "done", "truncated", "tool_calls")
+_MAX_DETAIL = 200
 
 
-def drift_rows(doc: Mapping[str, Any]) -> Any:
+def _table(model: Any) -> Table:
+    table: Table = model.__table__
+    return table
+
+
+CHECKS = _table(DriftCheck)
+FINDINGS = _table(DriftFinding)
+LEGACY_READS = _table(LegacyRead)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftRows:
+    """A run's drift check row and finding rows, without the run's key."""
+
+    check: dict[str, Any]
+    findings: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reproduction:
+    """Whether a dual-serialized run's trace alone gives back its trajectory steps."""
+
+    dual_serialized: bool
+    reproduces: bool | None = None
+    gap: str | None = None  # first field that does not come back, or `<kind>_trace`
+    detail: str | None = None
+    converter_version: str | None = None
+
+
+# --- pure: computed before the transaction ------------------------------------------------
+
+
+def _get(obj: object, key: str) -> Any:
+    # dict first: parsed JSON is dicts, and the Mapping ABC check is several times slower.
+    return obj.get(key) if isinstance(obj, dict | Mapping) else None
+
+
+def _steps(trajectories: object) -> list[Any]:
+    if not isinstance(trajectories, list):
+        return []
+    out: list[Any] = []
+    for trajectory in trajectories:
+        steps = _get(trajectory, "steps")
+        if isinstance(steps, list):
+            out.extend(steps)
+    return out
+
+
+def _reward(value: object) -> float | None:
+    try:
+        return float(value or 0)  # type: ignore[arg-type]  # SPEC §6 reads float(x or 0)
+    except (TypeError, ValueError):
+        return None
+
+
+def _differing_fields(stored: object, converted: object) -> list[str]:
+    fields: list[str] = []
+    if _get(stored, "obs") != _get(converted, "obs"):
+        fields.append("obs")
+    a, b = _reward(_get(stored, "reward")), _reward(_get(converted, "reward"))
+    if a is None or b is None or (a != b and abs(a - b) > REWARD_TOLERANCE):
+        fields.append("reward")
+    if bool(_get(stored, "done")) != bool(_get(converted, "done")):
+        fields.append("done")
+    if bool(_get(stored, "truncated")) != bool(_get(converted, "truncated")):
+        fields.append("truncated")
+    stored_calls = normalize_tool_calls(_get(stored, "tool_calls"))
+    if stored_calls != normalize_tool_calls(_get(converted, "tool_calls")):
+        fields.append("tool_calls")
+    return fields
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
+
+
+def reproduction(doc: Mapping[str, Any]) -> Reproduction:
+    """Check that the trace alone reproduces the stored trajectory steps (issue 3, phase 1)."""
+    stored = _steps(doc.get("trajectories"))
+    trace = doc.get("trace")
+    kind = classify_trace(trace)
+    if not stored or kind is None:
+        return Reproduction(dual_serialized=False)
+    if kind not in ("full", "wrapped") or not isinstance(trace, Mapping):
+        return Reproduction(True, False, f"{kind}_trace", f"a {kind} trace has no per-step events")
+    # The trace alone, without the envelope: the envelope only lends the cid and inference
+    # URL, which are not compared (and resolving the cid again costs a tenth of the check).
+    converted = _steps(trace_to_trajectories(trace).data)
+    if len(converted) != len(stored):
+        return Reproduction(
+            True,
+            False,
+            "step_count",
+            f"{len(stored)} trajectory steps, the trace converts to {len(converted)}",
+            CONVERTER_VERSION,
+        )
+    counts: dict[str, int] = {}
+    first: tuple[int, list[str]] | None = None
+    for position, (a, b) in enumerate(zip(stored, converted, strict=True)):
+        fields = _differing_fields(a, b)
+        for name in fields:
+            counts[name] = counts.get(name, 0) + 1
+        if fields and first is None:
+            first = (position, fields)
+    if first is None:
+        return Reproduction(True, True, converter_version=CONVERTER_VERSION)
+    position, fields = first
+    differing = ", ".join(f"{name} {counts[name]}" for name in REPRODUCED_FIELDS if name in counts)
+    return Reproduction(
+        True,
+        False,
+        fields[0],
+        _cut(
+            f"{', '.join(fields)} first differ{'s' if len(fields) == 1 else ''} at position "
+            f"{position}; "
+            f"steps differing per field: {differing}"
+        ),
+        CONVERTER_VERSION,
+    )
+
+
+def _has_environment_event(trace: Mapping[str, Any]) -> bool:
+    # Stops at the first environment event: cheaper than reading the whole trace.
+    session = unwrap_trace(trace)[0] if classify_trace(trace) == "wrapped" else trace
+    history = session.get("event_history")
+    items: list[Any] = list(history) if isinstance(history, list) else []
+    for step in session.get("session_time_steps") or ():
+        events = _get(step, "events")
+        if isinstance(events, list):
+            items.extend(events)
+    return any(isinstance(e, Mapping) and infer_event_type(e) == "environment" for e in items)
+
+
+def _usable_trace(doc: Mapping[str, Any], comparison: Comparison) -> bool:
+    if comparison.comparable:
+        return True
+    trace = doc.get("trace")
+    # Only runs without trajectory steps leave it open: compare_rollout skipped the trace.
+    if comparison.reason == "no_trajectories" and isinstance(trace, Mapping):
+        return classify_trace(trace) in ("full", "wrapped") and _has_environment_event(trace)
+    return False
+
+
+def drift_rows(doc: Mapping[str, Any]) -> DriftRows:
     """The drift rows of a validated rollout (pure); written later by write_drift."""
-    return None
+    comparison = compare_rollout(doc)
+    repro = reproduction(doc)
+    check = {
+        "comparator_version": comparison.version,
+        "comparable": comparison.comparable,
+        "reason": comparison.reason,
+        "trajectory_steps": comparison.trajectory_steps,
+        "environment_events": comparison.environment_events,
+        "n_findings": len(comparison.findings),
+        "usable_trace": _usable_trace(doc, comparison),
+        "dual_serialized": repro.dual_serialized,
+        "reproduces": repro.reproduces,
+        "reproduce_gap": repro.gap,
+        "reproduce_detail": repro.detail,
+        "converter_version": repro.converter_version,
+    }
+    findings = [
+        {
+            "ordinal": i,
+            "kind": f.kind,
+            "trajectory_index": f.trajectory_index,
+            "step_index": f.step_index,
+            "position": f.position,
+            "expected": f.expected,
+            "actual": f.actual,
+            "message": f.message,
+            "comparator_version": comparison.version,
+        }
+        for i, f in enumerate(comparison.findings)
+    ]
+    return DriftRows(check, findings)
 
 
-def write_drift(conn: Connection, run_pk: int, rows: Any) -> None:
+# --- writes: inside the caller's transaction ----------------------------------------------
+
+
+def write_drift(conn: Connection, run_pk: int, rows: DriftRows) -> None:
     """Insert a rollout's drift rows in the caller's transaction."""
-    return None
+    conn.execute(insert(CHECKS), dict(rows.check, run_pk=run_pk, checked_at=datetime.now(UTC)))
+    if rows.findings:
+        conn.execute(insert(FINDINGS), [dict(f, run_pk=run_pk) for f in rows.findings])
+
+
+def replace_drift(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:
+    """Replace the drift rows of several runs (recompute), in the caller's transaction."""
+    if not items:
+        return
+    pks = [pk for pk, _ in items]
+    # Findings first: SQLite cascades only with foreign keys on, which a caller may not have.
+    conn.execute(delete(FINDINGS).where(FINDINGS.c.run_pk.in_(pks)))
+    conn.execute(delete(CHECKS).where(CHECKS.c.run_pk.in_(pks)))
+    now = datetime.now(UTC)
+    conn.execute(insert(CHECKS), [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
+    findings = [dict(f, run_pk=pk) for pk, r in items for f in r.findings]
+    if findings:
+        conn.execute(insert(FINDINGS), findings)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCount:
+    """Legacy reads of one (client, UTC day, route), aggregated in memory."""
+
+    client: str
+    day: date
+    route: str
+    reads: int
+    last_seen: datetime
+
+
+def upsert_legacy_reads(conn: Connection, counts: Iterable[ReadCount]) -> None:
+    """Add read counts to `legacy_reads`, one upsert per (client, day, route)."""
+    rows = [
+        {
+            "client": c.client,
+            "day": c.day,
+            "route": c.route,
+            "reads": c.reads,
+            "last_seen": c.last_seen,
+        }
+        for c in counts
+    ]
+    if not rows:
+        return
+    name = conn.dialect.name
+    stmt: Any
+    if name == "postgresql":
+        stmt = postgresql.insert(LEGACY_READS)
+        latest = func.greatest(LEGACY_READS.c.last_seen, stmt.excluded.last_seen)
+    elif name == "sqlite":
+        stmt = sqlite.insert(LEGACY_READS)
+        # SQLite's two-argument max() is a scalar; timestamps are ISO text there, so the
+        # text order is the time order.
+        latest = func.max(LEGACY_READS.c.last_seen, stmt.excluded.last_seen)
+    else:  # pragma: no cover - the engine refuses other databases
+        raise ValueError(f"unsupported database {name!r}")
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["client", "day", "route"],
+        set_={"reads": LEGACY_READS.c.reads + stmt.excluded.reads, "last_seen": latest},
+    )
+    conn.execute(stmt, rows)
+
+
+# --- queries ------------------------------------------------------------------------------
+
+
+def utc_day(column: Any, dialect_name: str) -> ColumnElement[Any]:
+    """The UTC calendar day of a stored timestamp, as a SQL expression."""
+    if dialect_name == "postgresql":
+        # timestamptz::date would use the session's time zone; fix it to UTC.
+        return cast(func.timezone("UTC", column), Date)
+    # SQLite keeps naive UTC text ('YYYY-MM-DD HH:MM:SS.ffffff'): its date() is the day.
+    return func.date(column)
+
+
+def as_date(value: object) -> date:
+    """A day read back from utc_day (a date on PostgreSQL, 'YYYY-MM-DD' text on SQLite)."""
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    return date.fromisoformat(str(value))
+
+
+def has_drift_clause(value: bool, kind: str | None = None) -> ColumnElement[bool]:
+    """A where-clause over Run.id: the run has (or has not) a stored finding (of `kind`)."""
+    found = exists().where(DriftFinding.run_pk == Run.id)
+    if kind is not None:
+        found = found.where(DriftFinding.kind == kind)
+    return found if value else ~found
+
+
+def drift_kinds_for(session: Session, run_pks: Sequence[int]) -> dict[int, list[str]]:
+    """The distinct finding kinds of each run (in DRIFT_KINDS order); runs without: absent."""
+    if not run_pks:
+        return {}
+    order: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
+    found: dict[int, set[str]] = {}
+    for run_pk, kind in session.execute(
+        select(DriftFinding.run_pk, DriftFinding.kind)
+        .where(DriftFinding.run_pk.in_(run_pks))
+        .distinct()
+    ):
+        found.setdefault(run_pk, set()).add(kind)
+    return {
+        pk: sorted(kinds, key=lambda k: (order.get(k, len(order)), k))
+        for pk, kinds in found.items()
+    }

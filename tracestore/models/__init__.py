@@ -1,5 +1,6 @@
 """ORM tables. Importing this package registers every table on Base.metadata."""
 
+import tracestore.models.drift  # noqa: F401  (registers the drift tables; import them from there)
 from tracestore.models.runs import Run, RunDocument
 from tracestore.models.traces import Trace, TraceEvent, TraceMessage, TraceTimeStep
 from tracestore.models.trajectories import Step, Trajectory

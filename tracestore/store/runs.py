@@ -12,6 +12,7 @@ import orjson
 from sqlalchemy import Select, select, union
 from sqlalchemy.orm import Session
 
+from tracestore.drift.store import drift_kinds_for, has_drift_clause
 from tracestore.errors import InvalidRequest, NotFound
 from tracestore.ingest.service import decompress_document
 from tracestore.models import Run, RunDocument, Trajectory
@@ -45,6 +46,7 @@ class RunFilter:
     until: datetime | None = None
     trace_kind: str | None = None
     has_trajectories: bool | None = None
+    has_drift: bool | None = None
 
 
 def get_document(session: Session, run_id: str) -> bytes:
@@ -88,7 +90,7 @@ def runs_of_cid(cid: str) -> Any:
     )
 
 
-def _filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
+def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
     if f.correlation_id is not None:
         query = query.where(Run.id.in_(runs_of_cid(f.correlation_id)))
     if f.env_id is not None:
@@ -109,11 +111,14 @@ def _filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[An
         query = query.where(
             Run.n_trajectories > 0 if f.has_trajectories else Run.n_trajectories == 0
         )
+    if f.has_drift is not None:
+        query = query.where(has_drift_clause(f.has_drift))
     return query
 
 
 def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
     pks = [r.id for r in rows]
+    kinds = drift_kinds_for(session, pks)
     envs: dict[int, list[str]] = {}
     policies: dict[int, list[str]] = {}
     if pks:
@@ -142,7 +147,7 @@ def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
             "mean_return": r.mean_return,
             "aborted": r.aborted,
             "doc_bytes": r.doc_bytes,
-            "drift_kinds": [],
+            "drift_kinds": kinds.get(r.id, []),
         }
         for r in rows
     ]
@@ -156,7 +161,7 @@ def list_runs(
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}", limit=limit)
     # Newest first by primary key: it increases with arrival, is unique (a total order
     # for keyset paging) and is the clustered key on SQLite.
-    query = _filtered(select(*SUMMARY_COLUMNS), f).order_by(Run.id.desc()).limit(limit + 1)
+    query = filtered(select(*SUMMARY_COLUMNS), f).order_by(Run.id.desc()).limit(limit + 1)
     if cursor is not None:
         query = query.where(Run.id < decode_cursor(cursor))
     rows = list(session.execute(query))

@@ -190,6 +190,9 @@ def get_rollouts(
     until: Annotated[datetime | None, Query(description="received_at < until (ISO 8601).")] = None,
     trace_kind: str | None = None,
     has_trajectories: bool | None = None,
+    has_drift: Annotated[
+        bool | None, Query(description="Only runs with (true) or without (false) drift findings.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
@@ -202,6 +205,7 @@ def get_rollouts(
         until=_aware(until),
         trace_kind=trace_kind,
         has_trajectories=has_trajectories,
+        has_drift=has_drift,
     )
     items, next_cursor = list_runs(session, f, limit=limit, cursor=cursor)
     return {"items": items, "next_cursor": next_cursor}

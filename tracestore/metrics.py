@@ -1,0 +1,78 @@
+"""Prometheus metrics of one API process: ingest outcomes, request latencies, drift figures.
+
+Each app gets its own registry (tests build many apps in one process; the global registry
+would refuse the second). Counters and histograms are per process: with `--workers N`,
+each worker serves its own numbers, labelled the same; the drift gauges are read from the
+database at scrape time, so every worker reports the whole store.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tracestore.drift.compare import DRIFT_KINDS
+
+__all__ = ["CONTENT_TYPE", "INGEST_STATUSES", "Metrics"]
+
+INGEST_STATUSES = ("created", "duplicate", "conflict", "invalid")
+# Request latencies from sub-millisecond reads to multi-second batch ingests.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """The metrics of one app, on their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ingested = Counter(
+            "tracestore_ingest_rollouts",
+            "Rollouts posted to the API, by outcome (created, duplicate, conflict, invalid).",
+            ["status"],
+            registry=self.registry,
+        )
+        self.requests = Histogram(
+            "tracestore_http_request_duration_seconds",
+            "HTTP request latency, by method, route template and status code.",
+            ["method", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.legacy_reads = Counter(
+            "tracestore_legacy_reads",
+            "Successful reads of legacy trajectories, by client label and route.",
+            ["client", "route"],
+            registry=self.registry,
+        )
+        self.findings = Gauge(
+            "tracestore_drift_findings",
+            "Stored drift findings, by kind (read from the database at scrape time).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.runs = Gauge(
+            "tracestore_drift_runs",
+            "Checked runs: comparable, comparable with drift, not comparable, unchecked.",
+            ["state"],
+            registry=self.registry,
+        )
+        for status in INGEST_STATUSES:
+            self.ingested.labels(status=status)
+        for kind in DRIFT_KINDS:
+            self.findings.labels(kind=kind).set(0)
+
+    def count_ingest(self, status: str, n: int = 1) -> None:
+        """Count `n` ingest outcomes of `status`."""
+        if n > 0:
+            self.ingested.labels(status=status).inc(n)
+
+    def set_drift(self, findings_by_kind: dict[str, int], runs_by_state: dict[str, int]) -> None:
+        """Set the drift gauges from figures read from the store."""
+        for kind in DRIFT_KINDS:
+            self.findings.labels(kind=kind).set(findings_by_kind.get(kind, 0))
+        for state, n in runs_by_state.items():
+            self.runs.labels(state=state).set(n)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
