@@ -2,8 +2,330 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+from tracestore.cli.common import (
+    DbOption,
+    err_console,
+    fail,
+    open_store,
+    reported_errors,
+    settings_for,
+)
+from tracestore.reports.filters import WHEN_HELP
+
+if TYPE_CHECKING:
+    from tracestore.reports.catalog import Report
+    from tracestore.reports.connection import Analytics
+    from tracestore.reports.runner import Result
+
+# Where to find sqlite_scanner/postgres_scanner .duckdb_extension files instead of the
+# PyPI packages' (e.g. binaries vendored by an operator); also how tests force the
+# SQLAlchemy fallback.
+EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
+
+
+_NUMERIC = frozenset(
+    {"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT", "DOUBLE", "FLOAT", "DECIMAL"}
+)
+
+
+class Format(StrEnum):
+    """Output formats of `report` and `sql`."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+_WHEN = WHEN_HELP
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--since", help=f"Only runs received at or after this: {_WHEN}.", show_default=False
+    ),
+]
+UntilOption = Annotated[
+    str | None,
+    typer.Option("--until", help=f"Only runs received before this: {_WHEN}.", show_default=False),
+]
+EnvOption = Annotated[
+    str | None,
+    typer.Option(
+        "--env",
+        help="Only this environment (a trajectory's env_id; for a run, its first "
+        "trajectory's, else its trace metadata's).",
+        show_default=False,
+    ),
+]
+FormatOption = Annotated[
+    Format,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table (for people), csv, json (one document with columns, types and rows), "
+        "or parquet (needs -o).",
+        case_sensitive=False,
+    ),
+]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", help="Write to this file instead of stdout.", show_default=False
+    ),
+]
+FromOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--from",
+        help="Read a Parquet snapshot written by 'tracestore export' instead of the store (--db).",
+        show_default=False,
+        file_okay=False,
+    ),
+]
+
+
+def _extension_dir() -> Path | None:
+    value = os.environ.get(EXTENSION_DIR_ENV)
+    return Path(value) if value else None
+
+
+@contextmanager
+def _analytics(db: str | None, snapshot: Path | None) -> Iterator[Analytics]:
+    """DuckDB over the snapshot (--from) or the store (--db), closed at the end."""
+    if snapshot is not None:
+        if db is not None:
+            fail("give --db or --from, not both")
+        from tracestore.reports.connection import open_snapshot
+
+        with open_snapshot(snapshot) as analytics:
+            yield analytics
+        return
+    from tracestore.db.engine import normalize_url
+    from tracestore.reports.connection import attach_target, open_live
+
+    # Checked before open_store, which would create an empty file for a wrong path.
+    attach_target(normalize_url(settings_for(db).database_url))
+    engine = open_store(db, create_new_sqlite=False)
+    try:
+        with open_live(engine, extension_dir=_extension_dir()) as analytics:
+            yield analytics
+    finally:
+        engine.dispose()
+
+
+def _emit(result: Result, fmt: Format, output: Path | None) -> None:
+    from tracestore.reports import output as out
+
+    for notice in result.notices:
+        err_console.print(f"[yellow]note:[/] {notice}", highlight=False, soft_wrap=True)
+    if fmt is Format.parquet:
+        if output is None:
+            fail("--format parquet writes a file: give -o FILE")
+        out.write_parquet(result, output)
+        return
+    if fmt is Format.json:
+        data = out.to_json(result)
+    elif fmt is Format.csv:
+        data = out.to_csv(result).encode()
+    else:
+        data = _table_text(result, to_terminal=output is None and sys.stdout.isatty())
+    if output is not None:
+        output.write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+def _table_text(result: Result, *, to_terminal: bool) -> bytes:
+    import io
+    import shutil
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tracestore.reports import output as out
+
+    title = result.report.name if result.report is not None else None
+    table = Table(title=title, title_justify="left")
+    for name, duck_type in zip(result.columns, result.types, strict=True):
+        numeric = duck_type.split("(")[0] in _NUMERIC
+        table.add_column(name, justify="right" if numeric else "left")
+    for cells in out.text_cells(result):
+        table.add_row(*cells)
+    buffer = io.StringIO()
+    # On a terminal: its width and colours. Piped or to a file: the table's natural
+    # width, plain text.
+    console = Console(
+        file=buffer,
+        width=shutil.get_terminal_size().columns if to_terminal else 10_000,
+        force_terminal=to_terminal,
+        no_color=not to_terminal,
+        highlight=False,
+    )
+    console.print(table)
+    if result.table.num_rows == 0:
+        console.print("(no rows)")
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).encode() + b"\n"
+
+
+def report(
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="NAME", help="The report to run (see --list).", show_default=False),
+    ] = None,
+    list_reports: Annotated[
+        bool, typer.Option("--list", help="List the reports with a one-line description.")
+    ] = False,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    env: EnvOption = None,
+    fmt: FormatOption = Format.table,
+    output: OutputOption = None,
+    db: DbOption = None,
+    snapshot: FromOption = None,
+) -> None:
+    """Run a named DuckDB report over the store (or a snapshot): 'tracestore report --list'.
+
+    Reports are SQL files shipped in tracestore/reports/sql/; they read the store in place
+    (SQLite or PostgreSQL, read-only) and give the same figures on a snapshot (--from).
+    """
+    from tracestore.reports.catalog import get_report
+    from tracestore.reports.catalog import list_reports as all_reports
+
+    with reported_errors():
+        if list_reports:
+            if name is not None:
+                fail("give a report NAME or --list, not both")
+            _list(all_reports(), fmt)
+            return
+        if name is None:
+            fail("give a report NAME (see 'tracestore report --list')")
+        from tracestore.reports.filters import Filters
+        from tracestore.reports.runner import run_report
+
+        chosen = get_report(name)
+        filters = Filters.parse(since, until, env)
+        if fmt is Format.parquet and output is None:
+            fail("--format parquet writes a file: give -o FILE")
+        with _analytics(db, snapshot) as analytics:
+            result = run_report(analytics, chosen, filters)
+        _emit(result, fmt, output)
+
+
+def _list(items: list[Report], fmt: Format) -> None:
+    if fmt is Format.json:
+        import orjson
+
+        body = [
+            {"name": r.name, "description": r.description, "parameters": list(r.parameters)}
+            for r in items
+        ]
+        sys.stdout.buffer.write(orjson.dumps({"reports": body}, option=orjson.OPT_INDENT_2))
+        sys.stdout.write("\n")
+        return
+    width = max((len(r.name) for r in items), default=0)
+    for r in items:
+        typer.echo(f"{r.name.ljust(width)}  {r.description}")
+
+
+def sql(
+    query: Annotated[
+        str,
+        typer.Argument(
+            metavar="QUERY",
+            help="One SELECT over the store's tables (runs, trajectories, steps, traces, "
+            "trace_time_steps, trace_events, trace_messages, drift_checks, drift_findings, "
+            "legacy_reads) and views (run_facts, episode_facts, step_facts, event_facts, "
+            "tool_call_facts); '-' reads it from stdin.",
+            show_default=False,
+        ),
+    ],
+    fmt: FormatOption = Format.table,
+    output: OutputOption = None,
+    db: DbOption = None,
+    snapshot: FromOption = None,
+) -> None:
+    """Run an ad-hoc DuckDB SELECT over the store (read-only) or a snapshot.
+
+    Only one SELECT runs; anything that could write (INSERT, COPY, ATTACH, SET, the
+    postgres_*/sqlite_* functions) is refused. Types are normalized: timestamps are
+    TIMESTAMPTZ in UTC, JSON columns are DuckDB JSON (use ->> and json_* functions).
+    """
+    from tracestore.reports.runner import run_sql
+
+    text = sys.stdin.read() if query == "-" else query
+    with reported_errors():
+        if fmt is Format.parquet and output is None:
+            fail("--format parquet writes a file: give -o FILE")
+        with _analytics(db, snapshot) as analytics:
+            result = run_sql(analytics, text)
+        _emit(result, fmt, output)
+
+
+def export(
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR",
+            help="A new or empty directory for the snapshot.",
+            file_okay=False,
+            show_default=False,
+        ),
+    ],
+    since: SinceOption = None,
+    until: UntilOption = None,
+    db: DbOption = None,
+) -> None:
+    """Write the store's tables as Parquet, Hive-partitioned by day, with a manifest.
+
+    DIR/<table>/day=YYYY-MM-DD/*.parquet (the UTC day the run was received; every row of
+    a run has its run's day) and DIR/manifest.json (row counts, sha256 per file, schema
+    revision, time range). Run reports on it with --from DIR; Spark, Trino and DuckDB
+    read it directly (docs/ANALYTICS.md). Raw documents are not exported.
+    """
+    from tracestore.db import migrate
+    from tracestore.db.engine import normalize_url
+    from tracestore.reports.connection import attach_target
+    from tracestore.reports.export import export_snapshot
+    from tracestore.reports.filters import Filters
+
+    with reported_errors():
+        filters = Filters.parse(since, until, None)
+        attach_target(normalize_url(settings_for(db).database_url))
+        engine = open_store(db, create_new_sqlite=False)
+        try:
+            summary = export_snapshot(
+                engine,
+                directory,
+                filters,
+                extension_dir=_extension_dir(),
+                schema_revision=migrate.current_revision(engine),
+            )
+        finally:
+            engine.dispose()
+    for notice in summary.manifest["source"]["notices"]:
+        err_console.print(f"[yellow]note:[/] {notice}", highlight=False, soft_wrap=True)
+    rows = summary.rows
+    counts = ", ".join(f"{n} {t}" for t, n in rows.items())
+    files = sum(len(t["files"]) for t in summary.manifest["tables"].values())
+    typer.echo(
+        f"exported {rows.get('runs', 0)} runs to {summary.path} in {summary.seconds:.1f}s: "
+        f"{files} Parquet files ({counts}); manifest {summary.path / 'manifest.json'}"
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add the analytics verbs to the console script."""
+    app.command(name="report")(report)
+    app.command(name="sql")(sql)
+    app.command(name="export")(export)

@@ -32,8 +32,14 @@ def json_dumps_pg(value: Any) -> str:
     return raw.decode()
 
 
-def json_loads(value: str | bytes) -> Any:
-    """Parse JSON read back from a column."""
+def json_loads(value: str | bytes | int | float) -> Any:
+    """Parse JSON read back from a column.
+
+    SQLite gives a JSON column NUMERIC affinity, so a bare JSON number (`"obs": 3`) is
+    stored as a number and comes back as one: it is already the value.
+    """
+    if isinstance(value, int | float):
+        return value
     return orjson.loads(value)
 
 

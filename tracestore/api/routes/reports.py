@@ -2,6 +2,172 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import threading
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from tracestore.api.deps import StateDep
+from tracestore.api.errors import JSONBody
+from tracestore.api.schemas import error_responses
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from tracestore.reports.catalog import Report
+    from tracestore.reports.connection import Analytics
+    from tracestore.reports.filters import Filters
+    from tracestore.reports.runner import Result
 
 router = APIRouter(prefix="/v1", tags=["reports"])
+
+# One DuckDB per store and process, opened on first use: loading the extension and
+# creating the views costs more than most reports, and each request gets its own cursor
+# on it. Data is read fresh by every query; only the attachment and views are reused.
+_ROOTS: dict[str, Analytics] = {}
+_ROOTS_LOCK = threading.Lock()
+
+_WHEN = (
+    "An ISO date or time (`2025-11-20`, `2025-11-20T12:00:00Z`; no zone means UTC) or a "
+    "duration back from now (`30m`, `12h`, `7d`, `2w`)."
+)
+
+
+class ReportInfo(BaseModel):
+    """A named report."""
+
+    name: str = Field(examples=["returns"])
+    description: str
+    parameters: list[str] = Field(description="The filters it takes: since, until, env.")
+
+
+class ReportList(BaseModel):
+    """Every named report."""
+
+    reports: list[ReportInfo]
+
+
+class ReportColumn(BaseModel):
+    """A result column and its DuckDB type."""
+
+    name: str
+    type: str = Field(examples=["BIGINT", "DOUBLE", "DATE", "VARCHAR"])
+
+
+class ReportOutput(BaseModel):
+    """A report's rows, with its columns and the parameters it ran with."""
+
+    report: str
+    description: str
+    parameters: dict[str, str | None]
+    source: str = Field(description="`sqlite` or `postgresql`: the store it read.")
+    columns: list[ReportColumn]
+    rows: list[dict[str, Any]]
+    notices: list[str] = Field(
+        description="Anything worth knowing: a fallback read, absent data (e.g. no drift tables)."
+    )
+
+
+@router.get(
+    "/reports",
+    response_model=ReportList,
+    summary="List the named reports.",
+    responses=error_responses(401),
+)
+def list_reports_route() -> JSONBody:
+    """The reports `GET /v1/reports/{name}` runs, with one-line descriptions."""
+    from tracestore.reports.catalog import list_reports
+
+    return JSONBody(
+        {
+            "reports": [
+                {"name": r.name, "description": r.description, "parameters": list(r.parameters)}
+                for r in list_reports()
+            ]
+        }
+    )
+
+
+@router.get(
+    "/reports/{name}",
+    response_model=ReportOutput,
+    summary="Run a named report over the store.",
+    description=(
+        "Runs the report's SQL with DuckDB over the live store (read-only). `format=csv` "
+        "answers `text/csv`, `format=parquet` a Parquet file. 404 `not_found` for an "
+        "unknown report; 422 `invalid_request` for bad parameters."
+    ),
+    responses={
+        200: {
+            "content": {
+                "text/csv": {"schema": {"type": "string"}},
+                "application/vnd.apache.parquet": {
+                    "schema": {"type": "string", "format": "binary"}
+                },
+            }
+        },
+        **error_responses(401, 404, 422),
+    },
+)
+def run_report_route(
+    state: StateDep,
+    name: Annotated[str, Path(description="Report name (see GET /v1/reports).")],
+    since: Annotated[
+        str | None, Query(description=f"Runs received at or after this. {_WHEN}")
+    ] = None,
+    until: Annotated[str | None, Query(description=f"Runs received before this. {_WHEN}")] = None,
+    env: Annotated[str | None, Query(description="Only this environment (env_id).")] = None,
+    fmt: Annotated[
+        Literal["json", "csv", "parquet"], Query(alias="format", description="Response format.")
+    ] = "json",
+) -> Response:
+    """Run one report; a sync route, so FastAPI runs the DuckDB work in its threadpool."""
+    from tracestore.reports import output
+    from tracestore.reports.catalog import get_report
+    from tracestore.reports.filters import Filters
+
+    report = get_report(name)
+    filters = Filters.parse(since, until, env)
+    result = _run(state.engine, report, filters)
+    if fmt == "csv":
+        return Response(output.to_csv(result), media_type="text/csv; charset=utf-8")
+    if fmt == "parquet":
+        return Response(
+            output.to_parquet(result),
+            media_type="application/vnd.apache.parquet",
+            headers={"Content-Disposition": f'attachment; filename="{report.name}.parquet"'},
+        )
+    return JSONBody(output.document(result))
+
+
+def _cursor(engine: Engine, *, fresh: bool = False) -> Analytics:
+    """A cursor on the store's shared DuckDB (opened now when absent, or when `fresh`)."""
+    from tracestore.reports.connection import open_live
+
+    key = engine.url.render_as_string(hide_password=False)
+    with _ROOTS_LOCK:
+        root = _ROOTS.pop(key, None) if fresh else _ROOTS.get(key)
+        if fresh and root is not None:
+            root.close()
+            root = None
+        if root is None:
+            root = _ROOTS[key] = open_live(engine)
+        # Made under the lock: the shared connection object is not used by two threads.
+        return root.cursor()
+
+
+def _run(engine: Engine, report: Report, filters: Filters) -> Result:
+    """Run on the store's shared DuckDB; once more on a fresh one if that one failed."""
+    from tracestore.reports.connection import AnalyticsError
+    from tracestore.reports.runner import run_report
+
+    try:
+        with _cursor(engine) as analytics:
+            return run_report(analytics, report, filters)
+    except AnalyticsError:
+        # The shared connection may have gone stale (a restarted database, a replaced
+        # file): a new one answers, or fails for a reason worth reporting.
+        with _cursor(engine, fresh=True) as analytics:
+            return run_report(analytics, report, filters)

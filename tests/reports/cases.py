@@ -1,0 +1,184 @@
+"""Hand-built rollouts beside the shared examples: every tool-call dialect, a trace-only run
+whose tool calls come from each SPEC section 5 source (including history-only items),
+costs, null and negative rewards, a cid conflict, and a run whose env comes from its trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+def _env_event(step_id: str, reward: float | None, **meta: Any) -> dict[str, Any]:
+    return {
+        "system_instance_id": "env:grid",
+        "time_record": {"event_time": 1.0, "message_time": None},
+        "reward": reward,
+        "terminated": False,
+        "truncated": False,
+        "metadata": {"step_id": step_id, **meta},
+    }
+
+
+def _lm_event(
+    step_id: str,
+    calls: list[Any],
+    *,
+    cost: float | None,
+    latency: float | None,
+    tokens: tuple[int, int] | None,
+    model: str = "gpt-x",
+) -> dict[str, Any]:
+    return {
+        "system_instance_id": "policy:grid",
+        "time_record": {"event_time": 2.0, "message_time": None},
+        "model_name": model,
+        "provider": "openai",
+        "input_tokens": tokens[0] if tokens else None,
+        "output_tokens": tokens[1] if tokens else None,
+        "total_tokens": sum(tokens) if tokens else None,
+        "cost_usd": cost,
+        "latency_ms": latency,
+        "call_records": [{"call_id": f"c-{step_id}", "output_tool_calls": calls}],
+        "metadata": {"step_id": step_id},
+    }
+
+
+def legacy_toolbox() -> dict[str, Any]:
+    """Legacy-only, two trajectories in two envs, every tool-call dialect, a cid conflict."""
+    steps_a = [
+        {
+            "obs": {"t": 0},
+            "tool_calls": [
+                {"tool_name": "search", "arguments": {"q": "a"}},
+                {"tool": "open", "args": {"id": 1}},
+            ],
+            "reward": None,
+            "done": False,
+        },
+        {
+            "obs": {"t": 1},
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": '{"q": "b"}'},
+                }
+            ],
+            "reward": -0.5,
+            "done": False,
+            "truncated": None,
+        },
+        {
+            "obs": {"t": 2},
+            "tool_calls": [
+                {"name": "submit", "arguments_json": "{}"},
+                {"tool": "open", "arguments": {}, "id": "x", "source": "policy"},
+                {"tool_name": None, "name": "ghost"},
+                "not-a-call",
+            ],
+            "reward": 2.0,
+            "done": True,
+        },
+    ]
+    steps_b = [
+        {"obs": {"t": 0}, "reward": 0.25, "done": False},
+        {"obs": {"t": 1}, "tool_calls": None, "reward": 0.0, "done": True, "truncated": True},
+    ]
+    return {
+        "run_id": "case-legacy-toolbox",
+        "trajectories": [
+            {"env_id": "toolbox", "policy_id": "pol-tool", "steps": steps_a, "length": 3},
+            {
+                "env_id": "toolbox-b",
+                "policy_id": "pol-b",
+                "steps": steps_b,
+                "length": 2,
+                "trace_correlation_id": "cid-B",
+            },
+        ],
+        "metrics": {"episode_returns": [1.5, 0.25], "mean_return": 0.875, "num_steps": 5},
+        "trace": None,
+        "pipeline_metadata": {"trace_correlation_id": "cid-A"},
+    }
+
+
+def trace_only_grid() -> dict[str, Any]:
+    """Trace-only: tool calls from messages, LM call records, and env metadata."""
+    e0 = _env_event("decision_0", 1.0)
+    lm0 = _lm_event(
+        "decision_0",
+        [{"id": "a", "type": "function", "function": {"name": "move", "arguments": "{}"}}],
+        cost=0.0012,
+        latency=250.5,
+        tokens=(10, 5),
+    )
+    e1 = _env_event("decision_1", None, tool_calls=[{"tool": "look"}])
+    e2 = _env_event("decision_2", -1.0)
+    lm2 = _lm_event("decision_2", [{"name": "ignored"}], cost=0.0003, latency=None, tokens=(7, 3))
+    assistant = {
+        "content": {
+            "text": None,
+            "json_payload": orjson.dumps(
+                {"role": "assistant", "tool_calls": [{"tool_name": "craft"}, {"name": "craft"}]}
+            ).decode(),
+        },
+        "message_type": "assistant",
+        "time_record": {"event_time": 3.0, "message_time": None},
+        "metadata": {"step_id": "decision_2", "is_tool_call": True},
+    }
+    # Only in the history list: an LM event of decision_1 (its calls beat the environment
+    # event's metadata), and an environment event of a step the trace does not have.
+    late_lm = _lm_event(
+        "decision_1", [{"name": "look2"}], cost=None, latency=120.0, tokens=None, model="gpt-y"
+    )
+    orphan = _env_event("decision_9", 0.5, tool_calls=[{"tool": "orphan"}, {"tool": "orphan"}])
+    steps = [
+        {"step_id": "decision_0", "step_index": 0, "events": [lm0, e0]},
+        {"step_id": "decision_1", "step_index": 1, "events": [e1]},
+        {
+            "step_id": "decision_2",
+            "step_index": 2,
+            "events": [lm2, e2],
+            "markov_blanket_messages": [assistant],
+        },
+    ]
+    return {
+        "run_id": "case-trace-only-grid",
+        "trajectories": [],
+        "metrics": {"episode_returns": [0.5], "mean_return": 0.5, "num_steps": 4},
+        "trace": {
+            "session_id": "case-trace-only-grid",
+            "created_at": "2025-11-18T10:00:00Z",
+            "session_time_steps": steps,
+            "event_history": [lm0, e0, e1, late_lm, lm2, e2, orphan],
+            "markov_blanket_message_history": [assistant],
+            "metadata": {"env_id": "gridworld", "policy_id": "pol-grid"},
+        },
+        "trace_correlation_id": "trace_grid_1",
+    }
+
+
+def env_from_trace() -> dict[str, Any]:
+    """Trajectory without env_id, summary trace naming the env; no cid at all."""
+    return {
+        "run_id": "case-env-from-trace",
+        "trajectories": [
+            {
+                "env_id": None,
+                "policy_id": None,
+                "steps": [
+                    {"obs": {"x": 1}, "reward": 0.0, "done": False},
+                    {"obs": {"x": 2}, "reward": 1.0, "done": True},
+                ],
+            }
+        ],
+        "metrics": {"episode_returns": [1.0], "mean_return": 1.0, "num_steps": 2},
+        "trace": {"session_id": "s-1", "metadata": {"env_id": "meta-env"}, "events_count": 2},
+    }
+
+
+def all_cases() -> list[bytes]:
+    """The hand-built rollouts as raw documents, in ingest order."""
+    return [orjson.dumps(doc) for doc in (legacy_toolbox(), trace_only_grid(), env_from_trace())]

@@ -1,0 +1,79 @@
+"""Report parameters: the time window (`since`, `until`) and the environment (`env`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tracestore.errors import InvalidRequest
+
+_RELATIVE = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhdw])\s*$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+WHEN_HELP = (
+    "an ISO date or time (2025-11-20, 2025-11-20T12:00:00Z; no zone means UTC) "
+    "or a duration back from now (30m, 12h, 7d, 2w)"
+)
+
+
+def parse_when(text: str, *, name: str = "time", now: datetime | None = None) -> datetime:
+    """Parse an ISO date/time (naive means UTC) or a duration back from now, to aware UTC."""
+    try:
+        relative = _RELATIVE.match(text)
+        if relative is not None:
+            delta = timedelta(**{_UNITS[relative["unit"]]: float(relative["n"])})
+            return (now or datetime.now(UTC)) - delta
+        value = datetime.fromisoformat(text.strip())
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        # Not a time, or one outside the years 1 to 9999 once made UTC.
+        raise InvalidRequest(
+            f"{name}: cannot read {text!r}: use {WHEN_HELP}", **{name: text}
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which runs a report covers: received in [since, until), and of environment `env`."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    env: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise InvalidRequest(
+                f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
+            )
+
+    @classmethod
+    def parse(cls, since: str | None, until: str | None, env: str | None) -> Filters:
+        """Filters from option or query-string text."""
+        return cls(
+            since=parse_when(since, name="since") if since else None,
+            until=parse_when(until, name="until") if until else None,
+            env=env if env else None,
+        )
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The filters as text, for echoing in outputs."""
+        return {
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "env": self.env,
+        }
+
+    def bind(self, parameters: tuple[str, ...], report: str) -> dict[str, Any]:
+        """The prepared-statement parameters of a report that uses `parameters`.
+
+        A filter the report does not take is refused rather than silently ignored.
+        """
+        given: dict[str, Any] = {"since": self.since, "until": self.until, "env": self.env}
+        ignored = [k for k, v in given.items() if v is not None and k not in parameters]
+        if ignored:
+            raise InvalidRequest(
+                f"report {report} does not take {', '.join('--' + k for k in ignored)}",
+                report=report,
+            )
+        return {k: given[k] for k in parameters}

@@ -1,0 +1,111 @@
+"""Run a named report or an ad-hoc query on an analytics connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import orjson
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+
+from tracestore.errors import InvalidRequest
+from tracestore.reports.catalog import Report
+from tracestore.reports.connection import Analytics, AnalyticsError, first_line
+from tracestore.reports.filters import Filters
+
+# Table functions that reach a database outside DuckDB's read-only attachment (the
+# postgres extension's postgres_execute can switch its transaction to read-write), or
+# that run SQL text the check below cannot see (query, query_table).
+_DENIED_PREFIXES = ("postgres_", "sqlite_")
+_DENIED = frozenset({"query", "query_table", "pg_clear_cache"})
+
+
+@dataclass(slots=True)
+class Result:
+    """Rows of a report or query, with their DuckDB types and anything worth saying."""
+
+    table: pa.Table
+    types: list[str]
+    source: str
+    report: Report | None = None
+    filters: Filters | None = None
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names, in order."""
+        return list(self.table.column_names)
+
+
+def run_report(analytics: Analytics, report: Report, filters: Filters) -> Result:
+    """Run `report` over `analytics` with `filters` bound as prepared parameters."""
+    params = filters.bind(report.parameters, report.name)
+    try:
+        table, types = analytics.fetch(report.sql, params)
+    except duckdb.Error as exc:
+        raise AnalyticsError(f"report {report.name} failed: {first_line(exc)}") from exc
+    notices = list(analytics.notices)
+    absent = [t for t in report.requires if t in analytics.missing]
+    if absent:
+        # Rows computed without the data would read as "no drift", not "no drift data".
+        table = table.slice(0, 0)
+        notices.append(
+            f"no {report.name} data: the {analytics.source} has no {', '.join(absent)} "
+            f"table{'s' if len(absent) > 1 else ''} (a store or snapshot from before them)"
+        )
+    return Result(table, types, analytics.source, report, filters, notices)
+
+
+def _function_names(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        name = node.get("function_name")
+        if isinstance(name, str):
+            yield name
+        for value in node.values():
+            yield from _function_names(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _function_names(value)
+
+
+def check_select(analytics: Analytics, query: str) -> None:
+    """Refuse anything but one SELECT that stays inside DuckDB (InvalidRequest says why)."""
+    if not query.strip():
+        raise InvalidRequest("empty query: give one SELECT statement")
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise InvalidRequest(f"bad SQL: {first_line(exc)}") from None
+    if len(statements) != 1:
+        raise InvalidRequest(f"give one SQL statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise InvalidRequest(
+            f"only SELECT queries run here (this is {kind.name}): the store is read-only"
+        )
+    serialized = analytics.con.execute("SELECT json_serialize_sql(?::VARCHAR)", [query])
+    row = serialized.fetchone()
+    tree = orjson.loads(row[0]) if row else {"error": True}
+    if tree.get("error"):
+        raise InvalidRequest(
+            f"only plain SELECT queries run here: {tree.get('error_message', 'not a SELECT')}"
+        )
+    for name in _function_names(tree):
+        lowered = name.lower()
+        if lowered in _DENIED or lowered.startswith(_DENIED_PREFIXES):
+            raise InvalidRequest(
+                f"{name}() is not allowed here: it reaches the database outside DuckDB's "
+                "read-only view of it"
+            )
+
+
+def run_sql(analytics: Analytics, query: str) -> Result:
+    """Run one ad-hoc SELECT (refused if it could write or escape the read-only views)."""
+    check_select(analytics, query)
+    try:
+        table, types = analytics.fetch(query)
+    except duckdb.Error as exc:
+        raise InvalidRequest(f"query failed: {first_line(exc)}") from None
+    return Result(table, types, analytics.source, notices=list(analytics.notices))
