@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from tracestore import errors
+from tracestore.jsontext import dumps
 
 log = logging.getLogger("tracestore.api")
 
@@ -23,7 +23,7 @@ class JSONBody(Response):
 
     def render(self, content: Any) -> bytes:
         """Serialize the content."""
-        return orjson.dumps(content)
+        return dumps(content)
 
 
 # The one table from domain errors to HTTP statuses.

@@ -11,12 +11,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Annotated, cast
 
-import orjson
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
 from tracestore.errors import TracestoreError
+from tracestore.jsontext import dumps
 
 SHOW_PROBLEMS = 20
 _INDEX = re.compile(r"\[\d+\]")
@@ -85,10 +85,10 @@ def _convert_file(target: str, path: Path, out: Path | None, losses: Path | None
                 counts["invalid"] += 1
                 problems.append(f"{item.where}: {exc.message}")
                 continue
-            sink.write(orjson.dumps(new_doc) + b"\n")
+            sink.write(dumps(new_doc) + b"\n")
             if report is not None:
                 line = {"run_id": doc.get("run_id"), **conversion.report()}
-                report.write(orjson.dumps(line) + b"\n")
+                report.write(dumps(line) + b"\n")
             counts["converted"] += 1
             counts["lossless" if conversion.lossless else "with losses"] += 1
             loss_kinds.update(_INDEX.sub("[]", entry.path) for entry in conversion.losses)

@@ -11,6 +11,8 @@ from sqlalchemy import JSON, DateTime, Dialect, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
+from tracestore.jsontext import dumps
+
 # PostgreSQL's text and jsonb cannot hold U+0000. Typed columns are a projection for
 # queries (the lossless copy is the stored raw document), so on PostgreSQL a NUL becomes
 # U+2400 SYMBOL FOR NULL there: visible, and not confusable with an empty string.
@@ -21,12 +23,12 @@ _JSON_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
 
 def json_dumps(value: Any) -> str:
     """Serialize JSON for SQLite columns (orjson: fast, and exact for floats)."""
-    return orjson.dumps(value).decode()
+    return dumps(value).decode()
 
 
 def json_dumps_pg(value: Any) -> str:
     """Serialize JSON for PostgreSQL jsonb, replacing NUL characters that jsonb refuses."""
-    raw = orjson.dumps(value)
+    raw = dumps(value)
     if b"\\u0000" in raw:
         raw = _JSON_NUL.sub(lambda m: m.group(1) + b"\\u2400", raw)
     return raw.decode()

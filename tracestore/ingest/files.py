@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from tracestore.errors import InvalidJSON
 from tracestore.ingest.parse import parse_json
+from tracestore.jsontext import dumps
 
 LINE_SUFFIXES = (".jsonl", ".ndjson")
 
@@ -71,6 +70,6 @@ def iter_file(path: Path, on_progress: Callable[[int], None] | None = None) -> I
     if isinstance(value, list):
         # An array of rollouts: each element is its own document.
         for i, item in enumerate(value):
-            yield FileItem(orjson.dumps(item), item, f"{path}[{i}]")
+            yield FileItem(dumps(item), item, f"{path}[{i}]")
     else:
         yield FileItem(data, value, str(path))

@@ -38,6 +38,13 @@ def validate_rollout(doc: object) -> dict[str, Any]:
             f"a RolloutResponse is a JSON object, got {type(doc).__name__}{hint}",
             errors=[{"path": "(document)", "message": "expected an object"}],
         )
+    run_id = doc.get("run_id")
+    if isinstance(run_id, str) and "\x00" in run_id:
+        # Ids appear in URLs and PostgreSQL text, neither of which carries NUL.
+        raise InvalidRollout(
+            "not a valid RolloutResponse: run_id must not contain NUL (\\u0000)",
+            errors=[{"path": "run_id", "message": "contains NUL"}],
+        )
     try:
         RolloutIn.model_validate(doc)
     except ValidationError as exc:

@@ -360,6 +360,12 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
             f"{t.errors[0]['path']}: {t.errors[0]['message']}",
             errors=t.errors[:50],
         )
+    _check_indexed(doc, traj_rows, traces, resolution, t)
+    if t.errors:
+        raise InvalidRollout(
+            f"an identifier is too long: {t.errors[0]['path']}: {t.errors[0]['message']}",
+            errors=t.errors[:50],
+        )
     top = traces[0] if traces and traces[0].trace["trajectory_idx"] is None else None
     run = {
         "run_id": doc["run_id"],
@@ -382,6 +388,34 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
         "pipeline_metadata": doc.get("pipeline_metadata"),
     }
     return RolloutRows(run=run, trajectories=traj_rows, steps=step_rows, traces=traces)
+
+
+# Indexed text columns: PostgreSQL's btree refuses entries over ~2.7 KB, so identifiers
+# are bounded (in UTF-8 bytes) and a longer one is a clear 422, not a database error.
+MAX_ID_BYTES = 1024
+
+
+def _check_indexed(
+    doc: Mapping[str, Any],
+    trajectories: list[dict[str, Any]],
+    traces: list[TraceRows],
+    resolution: Resolution,
+    t: _Typer,
+) -> None:
+    def check(value: object, path: str) -> None:
+        if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+            t.errors.append({"path": path, "message": f"longer than {MAX_ID_BYTES} bytes"})
+
+    check(doc.get("run_id"), "run_id")
+    for loc in resolution.locations:
+        check(loc.cid, loc.path)
+    for i, row in enumerate(trajectories):
+        check(row["env_id"], f"trajectories[{i}].env_id")
+        check(row["policy_id"], f"trajectories[{i}].policy_id")
+    for trace in traces:
+        check(trace.trace["session_id"], "trace.session_id")
+        for event in trace.events:
+            check(event["model_name"], "trace event model_name")
 
 
 def _opt_float(value: object) -> float | None:

@@ -73,8 +73,10 @@ def parse_datetime(value: object) -> datetime | None:
                 parsed = datetime.fromisoformat(text)
         else:
             return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        # Inside the try: an instant at the edge of the calendar (0001-01-01T00:00+14:00)
+        # overflows when moved to UTC; such a value types as null, like any unparseable one.
+        return parsed.astimezone(UTC)
     except (ValueError, OverflowError, OSError, TypeError):
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -14,6 +13,7 @@ from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
 from tracestore.ingest.parse import parse_json, validate_rollout
+from tracestore.jsontext import dumps
 from tracestore.store.served import Served, served_trace, served_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
@@ -41,7 +41,7 @@ def _response(served: Served) -> Response:
         headers["X-Tracestore-Converter"] = (
             f"{p.converter}/{p.converter_version}; losses={len(served.conversion.losses)}"
         )
-    return Response(orjson.dumps(served.data), media_type="application/json", headers=headers)
+    return Response(dumps(served.data), media_type="application/json", headers=headers)
 
 
 @router.get(
@@ -113,4 +113,4 @@ async def post_convert(
     require_json(request)
     raw = await read_body(request, state.settings.max_body_bytes)
     body = await run_in_threadpool(_convert, raw, to)
-    return Response(orjson.dumps(body), media_type="application/json")
+    return Response(dumps(body), media_type="application/json")

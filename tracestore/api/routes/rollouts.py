@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -22,6 +21,7 @@ from tracestore.api.schemas import (
 from tracestore.errors import InvalidJSON, InvalidRollout, PayloadTooLarge, UnsupportedMediaType
 from tracestore.ingest.parse import parse_json
 from tracestore.ingest.service import IngestResult, ingest_bytes, ingest_many
+from tracestore.jsontext import dumps
 from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
@@ -80,7 +80,7 @@ def _split_batch(raw: bytes, ndjson: bool) -> list[tuple[bytes, Any]]:
                 "Content-Type application/x-ndjson)",
                 errors=[{"path": "(document)", "message": "expected an array"}],
             )
-        return [(orjson.dumps(item), item) for item in value]
+        return [(dumps(item), item) for item in value]
     items: list[tuple[bytes, Any]] = []
     for line in raw.splitlines():
         if not line.strip():
