@@ -56,6 +56,9 @@ class Stream:
         self.errors: list[str] = []
         self.in_flight = 0
         self.stop = threading.Event()
+        # The clients pause once this many rollouts are acknowledged: each kill cycle
+        # gets a bounded stream, so the checks after each restart stay small.
+        self.budget = 0
 
     def ack(self, run_id: str, status: str) -> None:
         """Record the final answer for one rollout."""
@@ -87,6 +90,9 @@ def _client_loop(
     )
     with client:
         while not stream.stop.is_set():
+            if len(stream.acked) >= stream.budget:
+                time.sleep(PAUSE_S)
+                continue
             batch = index % 3 == 2
             n = rng.randint(*BATCH_SIZES) if batch else 1
             raws = [factory.make(f"c{index}-") for _ in range(n)]
@@ -182,7 +188,10 @@ def test_acknowledged_rollouts_survive_sigkill(
         for thread in threads:
             thread.start()
         for kill in range(SIZE.kills):
-            _wait_for_acks(stream, len(stream.acked_ids()) + SIZE.acks_between_kills)
+            acked_now = len(stream.acked_ids())
+            # Enough budget that the stream is still flowing when the kill lands.
+            stream.budget = acked_now + 3 * SIZE.acks_between_kills
+            _wait_for_acks(stream, acked_now + SIZE.acks_between_kills)
             before = stream.acked_ids()
             with stream.lock:
                 in_flight = stream.in_flight

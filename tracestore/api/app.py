@@ -68,10 +68,12 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     limits.install(app, settings)
     app.include_router(service.router)
     keyed = [Depends(require_api_key)]
-    app.include_router(rollouts.router, dependencies=keyed)
+    # The routes under a run (/trace, /trajectories, /drift) before the bare run route:
+    # its `{run_id:path}` would match them too (api/params.py).
     app.include_router(convert.router, dependencies=keyed)
     app.include_router(drift.router, dependencies=keyed)
     app.include_router(reports.router, dependencies=keyed)
+    app.include_router(rollouts.router, dependencies=keyed)
     app.include_router(drift.public)
     drift.install(app)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -100,6 +101,25 @@ async def _http(_request: Request, exc: Exception) -> JSONBody:
     return JSONBody(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
 
 
+# Seconds a client should wait after a 503 from a database that is busy or unreachable.
+DATABASE_RETRY_AFTER = 1
+
+
+async def _database(request: Request, exc: Exception) -> JSONBody:
+    # A lock held past the wait (SQLite's busy_timeout, PostgreSQL's lock_timeout), a
+    # database restarting or unreachable: transient, and nothing of the request was
+    # committed, so the client is told to retry (ingest is idempotent).
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc.args)
+    return JSONBody(
+        error_body(
+            "database_unavailable",
+            "the database is busy or unreachable; retry after the Retry-After delay",
+        ),
+        status_code=503,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONBody:
     # Logged with the traceback; the client gets the error shape without internals.
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -113,4 +133,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(errors.TracestoreError, _domain)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(OperationalError, _database)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,6 +13,7 @@ from tracestore.db.types import json_dumps, json_dumps_pg, json_loads
 
 # Execution option read by the SQLite "begin" hook below.
 BEGIN_MODE = "tracestore_sqlite_begin"
+SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -38,8 +39,6 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # NORMAL (not OFF) in WAL mode: a commit survives a process crash; only an OS crash
     # can lose the last transactions. We promise acknowledged means durable to processes.
     cursor.execute("PRAGMA synchronous=NORMAL")
-    # Writers queue for up to 30 s instead of failing with 'database is locked'.
-    cursor.execute("PRAGMA busy_timeout=30000")
     # Enforce the foreign keys the schema declares (off by default in SQLite).
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -57,11 +56,16 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
+        connect_args: dict[str, Any] = {"check_same_thread": False}
+        if "timeout" not in parsed.query:
+            # Writers queue for the lock up to this many seconds (SQLite's busy timeout)
+            # instead of failing with 'database is locked'; `?timeout=` in the URL sets it.
+            connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
         engine = sa_create_engine(
             parsed,
             json_serializer=json_dumps,
             json_deserializer=json_loads,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args=connect_args,
             **kwargs,
         )
         event.listen(engine, "connect", _sqlite_pragmas)

@@ -89,7 +89,10 @@ def window(
 ) -> tuple[datetime, datetime]:
     """The time window of a status or report: `since`..`until`, by default the last `days`."""
     end = until or datetime.now(UTC)
-    start = since or end - timedelta(days=days)
+    try:
+        start = since or end - timedelta(days=days)
+    except OverflowError:  # `days` before an `until` near the calendar's start
+        start = datetime.min.replace(tzinfo=UTC)
     if start >= end:
         raise InvalidRequest("since must be before until", since=start, until=end)
     return start, end

@@ -23,6 +23,10 @@ def parse_json(raw: bytes | str) -> Any:
         raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
 
 
+# The routes under GET /v1/rollouts/{run_id}.
+RUN_SUBRESOURCES = ("/trace", "/trajectories", "/drift")
+
+
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -44,6 +48,15 @@ def validate_rollout(doc: object) -> dict[str, Any]:
         raise InvalidRollout(
             "not a valid RolloutResponse: run_id must not contain NUL (\\u0000)",
             errors=[{"path": "run_id", "message": "contains NUL"}],
+        )
+    if isinstance(run_id, str) and run_id.endswith(RUN_SUBRESOURCES):
+        # GET /v1/rollouts/a%2Ftrace reaches the route of run "a"'s trace: such an id could
+        # be stored but never fetched.
+        raise InvalidRollout(
+            "not a valid RolloutResponse: run_id must not end with "
+            + ", ".join(RUN_SUBRESOURCES)
+            + " (those are the routes under a run)",
+            errors=[{"path": "run_id", "message": "ends with a sub-resource name"}],
         )
     try:
         RolloutIn.model_validate(doc)

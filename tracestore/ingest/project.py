@@ -416,6 +416,7 @@ def _check_indexed(
         check(trace.trace["session_id"], "trace.session_id")
         for event in trace.events:
             check(event["model_name"], "trace event model_name")
+            check(event["event_type"], "trace event event_type")
 
 
 def _opt_float(value: object) -> float | None:

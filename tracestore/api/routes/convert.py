@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from tracestore.api.body import read_body, require_json
 from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
 from tracestore.ingest.parse import parse_json, validate_rollout
@@ -18,7 +19,6 @@ from tracestore.store.served import Served, served_trace, served_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
 
-RunIdPath = Annotated[str, Path(description="The rollout's run_id.", min_length=1)]
 SOURCE_HEADER = "X-Tracestore-Source"
 _HEADERS_DOC = {
     SOURCE_HEADER: {
@@ -45,7 +45,7 @@ def _response(served: Served) -> Response:
 
 
 @router.get(
-    "/rollouts/{run_id}/trace",
+    RUN_PATH + "/trace",
     summary="The run's v3 trace (full shape): stored, or converted from its trajectories.",
     description=(
         "A stored `full` trace is returned as sent; a `wrapped` one is unwrapped to its "
@@ -64,7 +64,7 @@ def get_trace(run_id: RunIdPath, session: ReadSessionDep) -> Response:
 
 
 @router.get(
-    "/rollouts/{run_id}/trajectories",
+    RUN_PATH + "/trajectories",
     summary="The run's legacy trajectories: stored, or converted from its trace.",
     description=(
         "For legacy readers after producers stop sending trajectories: a trace-only run is "

@@ -9,17 +9,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracestore.api.deps import ReadSessionDep, StateDep, presented_key
+from tracestore.api.params import RUN_PATH, RunIdPath, instant
 from tracestore.api.schemas import error_responses
 from tracestore.drift import DRIFT_KINDS
 from tracestore.drift.report import render_html
@@ -168,7 +169,6 @@ class MigrationStatusOut(BaseModel):
 
 # --- parameters ---------------------------------------------------------------------------
 
-RunIdPath = Annotated[str, Path(description="The rollout's run_id.", min_length=1)]
 EnvQuery = Annotated[str | None, Query(description="Runs with a trajectory of this env_id.")]
 PolicyQuery = Annotated[str | None, Query(description="Runs with a trajectory of this policy_id.")]
 SinceQuery = Annotated[datetime | None, Query(description="received_at >= since (ISO 8601).")]
@@ -195,17 +195,11 @@ TraceShareQuery = Annotated[
 ]
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)  # a time without zone is read as UTC
-    return value
-
-
 # --- routes -------------------------------------------------------------------------------
 
 
 @router.get(
-    "/rollouts/{run_id}/drift",
+    RUN_PATH + "/drift",
     response_model=RunDriftOut,
     summary="A run's drift findings (SPEC §6) and whether its trace reproduces it.",
     description=(
@@ -253,8 +247,8 @@ def get_drift(
             correlation_id=correlation_id,
             env_id=env_id,
             policy_id=policy_id,
-            since=_aware(since),
-            until=_aware(until),
+            since=instant(since),
+            until=instant(until),
             trace_kind=trace_kind,
         ),
         kind=kind,
@@ -291,7 +285,7 @@ def get_migration_status(
 ) -> dict[str, Any]:
     """Report the migration gates."""
     _flush_reads(request, state.engine)
-    start, end = window(_aware(since), _aware(until), days)
+    start, end = window(instant(since), instant(until), days)
     return migration_status(
         session,
         start,
@@ -326,7 +320,7 @@ def get_report(
 ) -> HTMLResponse:
     """Render the drift report."""
     _flush_reads(request, state.engine)
-    start, end = window(_aware(since), _aware(until), days)
+    start, end = window(instant(since), instant(until), days)
     f = DriftFilter(
         RunFilter(env_id=env_id, policy_id=policy_id, since=start, until=end), kind=kind
     )
@@ -490,7 +484,8 @@ class DriftMiddleware:
 
 def _route(scope: Scope) -> str:
     # The route template, not the path: bounded label values, and run ids stay out.
-    return getattr(scope.get("route"), "path", None) or "unmatched"
+    # `path_format` drops converters ({run_id:path} -> {run_id}), as the OpenAPI paths do.
+    return getattr(scope.get("route"), "path_format", None) or "unmatched"
 
 
 def install(app: FastAPI) -> None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from tracestore.api.body import NDJSON_TYPES, is_json, media_type, read_body, require_json
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.errors import JSONBody, error_body, status_of
+from tracestore.api.params import RUN_PATH, RunIdPath, instant
 from tracestore.api.schemas import (
     Accepted,
     BatchResult,
@@ -153,11 +154,8 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     return JSONBody(body, status_code=207)
 
 
-RunIdPath = Annotated[str, Path(description="The rollout's run_id.", min_length=1)]
-
-
 @router.get(
-    "/rollouts/{run_id}",
+    RUN_PATH,
     summary="The rollout exactly as received.",
     description=(
         "A JSON value equal to the posted document: unknown keys and original strings included."
@@ -201,20 +199,14 @@ def get_rollouts(
         correlation_id=correlation_id,
         env_id=env_id,
         policy_id=policy_id,
-        since=_aware(since),
-        until=_aware(until),
+        since=instant(since),
+        until=instant(until),
         trace_kind=trace_kind,
         has_trajectories=has_trajectories,
         has_drift=has_drift,
     )
     items, next_cursor = list_runs(session, f, limit=limit, cursor=cursor)
     return {"items": items, "next_cursor": next_cursor}
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)  # a time without zone is read as UTC
-    return value
 
 
 @router.get(
