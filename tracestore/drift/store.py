@@ -236,6 +236,17 @@ def write_drift(conn: Connection, run_pk: int, rows: DriftRows) -> None:
         conn.execute(insert(FINDINGS), [dict(f, run_pk=run_pk) for f in rows.findings])
 
 
+def write_drift_many(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:
+    """Insert the drift rows of several new runs (run key, rows) in one statement a table."""
+    if not items:
+        return
+    now = datetime.now(UTC)
+    conn.execute(insert(CHECKS), [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
+    findings = [dict(f, run_pk=pk) for pk, r in items for f in r.findings]
+    if findings:
+        conn.execute(insert(FINDINGS), findings)
+
+
 def replace_drift(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:
     """Replace the drift rows of several runs (recompute), in the caller's transaction."""
     if not items:
@@ -244,11 +255,7 @@ def replace_drift(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> N
     # Findings first: SQLite cascades only with foreign keys on, which a caller may not have.
     conn.execute(delete(FINDINGS).where(FINDINGS.c.run_pk.in_(pks)))
     conn.execute(delete(CHECKS).where(CHECKS.c.run_pk.in_(pks)))
-    now = datetime.now(UTC)
-    conn.execute(insert(CHECKS), [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
-    findings = [dict(f, run_pk=pk) for pk, r in items for f in r.findings]
-    if findings:
-        conn.execute(insert(FINDINGS), findings)
+    write_drift_many(conn, items)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from tracestore.correlation import resolve_correlation
 from tracestore.db.bulk import allocate_ids, bulk_insert
 from tracestore.db.uow import write_session
-from tracestore.drift.store import drift_rows, write_drift
+from tracestore.drift.store import drift_rows, write_drift, write_drift_many
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.ingest.project import RolloutRows, TraceRows, project_rollout
@@ -163,8 +163,11 @@ _RECEIVED = {
 
 def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
     run = conn.execute(_FIND_RUN.where(RUNS.c.run_id == prepared.doc["run_id"])).first()
-    if run is None:
-        return None
+    return None if run is None else _answer_existing(conn, prepared, run)
+
+
+def _answer_existing(conn: Connection, prepared: Prepared, run: Any) -> IngestResult:
+    """`duplicate` or `conflict` for a rollout whose run_id is stored as `run`."""
     rows = prepared.rows.run
     duplicate = IngestResult(
         run_id=prepared.doc["run_id"],
@@ -305,16 +308,114 @@ def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
             # A concurrent transaction stored the same run_id between our check and our
             # insert; only our savepoint was undone. Check again: duplicate or conflict.
             continue
-        run = prepared.rows.run
-        return IngestResult(
-            run_id=run["run_id"],
-            status="created",
-            correlation_id=run["correlation_id"],
-            correlation_source=run["correlation_source"],
-            trace_kind=run["trace_kind"],
-            n_steps=run["n_steps"],
-        )
+        return _created(prepared)
     raise RuntimeError("run_id kept colliding with concurrent inserts")  # pragma: no cover
+
+
+def _created(prepared: Prepared) -> IngestResult:
+    run = prepared.rows.run
+    return IngestResult(
+        run_id=run["run_id"],
+        status="created",
+        correlation_id=run["correlation_id"],
+        correlation_source=run["correlation_source"],
+        trace_kind=run["trace_kind"],
+        n_steps=run["n_steps"],
+    )
+
+
+def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetime) -> None:
+    """Insert every row of several new rollouts: one bulk write per table for all of them.
+
+    Keys are allocated up front for the whole set, so a table is written once per batch
+    instead of once per rollout (on PostgreSQL each write is a round trip).
+    """
+    run_pks = allocate_ids(conn, RUNS, len(items))
+    traj_pks = iter(allocate_ids(conn, TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)))
+    trace_pks = iter(allocate_ids(conn, TRACES, sum(len(p.rows.traces) for p in items)))
+    ts_pks = iter(
+        allocate_ids(conn, TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces))
+    )
+    out: dict[Table, list[dict[str, Any]]] = {
+        t: [] for t in (RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES)
+    }
+    for prepared, run_pk in zip(items, run_pks, strict=True):
+        rows = prepared.rows
+        out[RUNS].append(
+            dict(
+                rows.run,
+                id=run_pk,
+                received_at=received_at,
+                content_hash=prepared.digest,
+                doc_bytes=len(prepared.raw),
+            )
+        )
+        out[DOCUMENTS].append(
+            {
+                "run_pk": run_pk,
+                "encoding": DOCUMENT_ENCODING,
+                "body": compress_document(prepared.raw),
+            }
+        )
+        for traj, steps in zip(rows.trajectories, rows.steps, strict=True):
+            traj_pk = next(traj_pks)
+            out[TRAJECTORIES].append(dict(traj, id=traj_pk, run_pk=run_pk))
+            out[STEPS].extend(dict(s, run_pk=run_pk, trajectory_pk=traj_pk) for s in steps)
+        for trace in rows.traces:
+            trace_pk = next(trace_pks)
+            out[TRACES].append(dict(trace.trace, id=trace_pk, run_pk=run_pk, **_RECEIVED))
+            by_position: dict[Any, int] = {}
+            for ts in trace.time_steps:
+                by_position[ts["position"]] = pk = next(ts_pks)
+                out[TIME_STEPS].append(dict(ts, id=pk, trace_pk=trace_pk))
+            out[EVENTS].extend(
+                dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
+                for e, at in zip(trace.events, trace.event_steps, strict=True)
+            )
+            out[MESSAGES].extend(
+                dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
+                for m, at in zip(trace.messages, trace.message_steps, strict=True)
+            )
+    # Parents before children: the foreign keys are checked row by row.
+    for table, table_rows in out.items():
+        bulk_insert(conn, table, table_rows)
+    write_drift_many(conn, [(pk, p.drift) for pk, p in zip(run_pks, items, strict=True)])
+
+
+def store_chunk(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult]:
+    """Store several prepared rollouts in the caller's transaction, each standing alone.
+
+    Fast path: the run_ids are looked up at once and the new rollouts written together
+    (write_many) in one savepoint. If that fails on a constraint (another transaction
+    stored one of the run_ids meanwhile), the savepoint is undone and each rollout goes
+    through store_prepared, in a savepoint of its own. A run_id twice in one chunk: the
+    later ones also take that path, so they see the first one's row.
+    """
+    ids = [p.doc["run_id"] for p in chunk]
+    found = {
+        r.run_id: r
+        for r in conn.execute(_FIND_RUN.add_columns(RUNS.c.run_id).where(RUNS.c.run_id.in_(ids)))
+    }
+    results: list[IngestResult | None] = [None] * len(chunk)
+    fresh: dict[str, int] = {}
+    for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
+        if run_id in found:
+            results[i] = _answer_existing(conn, prepared, found[run_id])
+        elif run_id not in fresh:
+            fresh[run_id] = i
+    if fresh:
+        dbapi_integrity = conn.dialect.loaded_dbapi.IntegrityError
+        try:
+            with conn.begin_nested():
+                write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
+        except (IntegrityError, dbapi_integrity):
+            pass  # undone: the slow path below decides each one
+        else:
+            for i in fresh.values():
+                results[i] = _created(chunk[i])
+    return [
+        r if r is not None else store_prepared(conn, p) for r, p in zip(results, chunk, strict=True)
+    ]
 
 
 # A transaction holds SQLite's single write lock: bound how much one batch does under it.
@@ -347,8 +448,7 @@ def ingest_prepared_many(engine: Engine, prepared: Sequence[Prepared]) -> list[I
     results: list[IngestResult] = []
     for chunk in _chunks(prepared):
         with write_session(engine) as session:
-            conn = session.connection()
-            results.extend(store_prepared(conn, item) for item in chunk)
+            results.extend(store_chunk(session.connection(), chunk))
     return results
 
 
