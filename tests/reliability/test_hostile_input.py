@@ -429,6 +429,9 @@ SQL_AND_PATHS = [
     "$(rm -rf /)",
     "{{7*7}}",
     "<script>alert(1)</script>",
+    "line\nbreak/and slash",
+    "\nleading newline",
+    "trailing/newline\n",
 ]
 
 
@@ -474,6 +477,17 @@ def test_sql_and_path_strings_in_run_ids_are_plain_data(target: Target, run_id: 
             response = http.get(f"/v1/rollouts/{quoted}{tail}")
             count_response(f"hostile/{target.backend}", response)
             assert response.status_code == 200, (tail, response.text[:300])
+
+
+@pytest.mark.parametrize("run_id", ["x/trace", "x/trajectories", "a/b/drift", "x/trace\n"])
+def test_run_ids_that_end_like_a_route_under_a_run_are_refused(target: Target, run_id: str) -> None:
+    # GET /v1/rollouts/x%2Ftrace is the trace of run "x": such an id could never be fetched.
+    with target.client() as http:
+        response = http.post("/v1/rollouts", content=orjson.dumps(_rollout(run_id)))
+        count_response(f"hostile/{target.backend}", response)
+        assert response.status_code == 422, response.text[:300]
+        _check_refusal(response, "invalid_rollout")
+        assert "must not end with" in response.json()["error"]["message"]
 
 
 QUERY_ATTACKS = [

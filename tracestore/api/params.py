@@ -6,12 +6,32 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Path
+from starlette.convertors import Convertor, register_url_convertor
 
-# `:path` so that a run_id holding '/' (sent as %2F, which the server decodes before
-# routing) still reaches its rollout. The routes under a run (/trace, /trajectories,
-# /drift) are registered before the bare one, and ingest refuses run_ids that end in one
-# of those suffixes (ingest/parse.py), so no id is ever ambiguous.
-RUN_PATH = "/rollouts/{run_id:path}"
+
+class RunIdConvertor(Convertor[str]):
+    """Any run_id: '/' (sent as %2F, decoded before routing) and line breaks included.
+
+    Starlette's `path` convertor is `.*`, which stops at a newline; run_ids may hold one.
+    """
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        """The path segment is the run_id."""
+        return value
+
+    def to_string(self, value: str) -> str:
+        """The run_id is the path segment."""
+        return value
+
+
+register_url_convertor("run_id", RunIdConvertor())
+
+# The routes under a run (/trace, /trajectories, /drift) are registered before the bare
+# one, which would match them too, and ingest refuses run_ids that end in one of those
+# suffixes (ingest/parse.py), so no id is ever ambiguous.
+RUN_PATH = "/rollouts/{run_id:run_id}"
 
 RunIdPath = Annotated[
     str,

@@ -49,7 +49,8 @@ def validate_rollout(doc: object) -> dict[str, Any]:
             "not a valid RolloutResponse: run_id must not contain NUL (\\u0000)",
             errors=[{"path": "run_id", "message": "contains NUL"}],
         )
-    if isinstance(run_id, str) and run_id.endswith(RUN_SUBRESOURCES):
+    # removesuffix: a route's `$` also matches before one final newline.
+    if isinstance(run_id, str) and run_id.removesuffix("\n").endswith(RUN_SUBRESOURCES):
         # GET /v1/rollouts/a%2Ftrace reaches the route of run "a"'s trace: such an id could
         # be stored but never fetched.
         raise InvalidRollout(

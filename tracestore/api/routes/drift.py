@@ -484,7 +484,7 @@ class DriftMiddleware:
 
 def _route(scope: Scope) -> str:
     # The route template, not the path: bounded label values, and run ids stay out.
-    # `path_format` drops converters ({run_id:path} -> {run_id}), as the OpenAPI paths do.
+    # `path_format` drops converters ({run_id:run_id} -> {run_id}), as the OpenAPI paths do.
     return getattr(scope.get("route"), "path_format", None) or "unmatched"
 
 
