@@ -21,6 +21,7 @@ from sqlalchemy import (
     Connection,
     Date,
     Table,
+    bindparam,
     cast,
     delete,
     exists,
@@ -331,17 +332,21 @@ def has_drift_clause(value: bool, kind: str | None = None) -> ColumnElement[bool
     return found if value else ~found
 
 
+# Built once (a hot path of every run listing): executed with the keys as parameters.
+_KINDS_OF_RUNS = (
+    select(DriftFinding.run_pk, DriftFinding.kind)
+    .where(DriftFinding.run_pk.in_(bindparam("pks", expanding=True)))
+    .distinct()
+)
+
+
 def drift_kinds_for(session: Session, run_pks: Sequence[int]) -> dict[int, list[str]]:
     """The distinct finding kinds of each run (in DRIFT_KINDS order); runs without: absent."""
     if not run_pks:
         return {}
     order: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
     found: dict[int, set[str]] = {}
-    for run_pk, kind in session.execute(
-        select(DriftFinding.run_pk, DriftFinding.kind)
-        .where(DriftFinding.run_pk.in_(run_pks))
-        .distinct()
-    ):
+    for run_pk, kind in session.connection().execute(_KINDS_OF_RUNS, {"pks": list(run_pks)}):
         found.setdefault(run_pk, set()).add(kind)
     return {
         pk: sorted(kinds, key=lambda k: (order.get(k, len(order)), k))

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Select, select, union
+from sqlalchemy import BindParameter, Select, bindparam, select, union
 from sqlalchemy.orm import Session
 
 from tracestore.drift.store import drift_kinds_for, has_drift_clause
@@ -49,13 +49,25 @@ class RunFilter:
     has_drift: bool | None = None
 
 
+# The look-ups' statements are built once and executed with parameters on the session's
+# Core connection: building the expression and the ORM execution layer cost more than
+# the indexed SELECT itself (bench/README.md).
+_DOCUMENT = (
+    select(RunDocument.body, RunDocument.encoding)
+    .join(Run, Run.id == RunDocument.run_pk)
+    .where(Run.run_id == bindparam("run_id"))
+)
+_CID: BindParameter[str] = bindparam("cid")
+_IDS_OF_RUNS = (
+    select(Trajectory.run_pk, Trajectory.env_id, Trajectory.policy_id)
+    .where(Trajectory.run_pk.in_(bindparam("pks", expanding=True)))
+    .order_by(Trajectory.run_pk, Trajectory.idx)
+)
+
+
 def get_document(session: Session, run_id: str) -> bytes:
     """The rollout exactly as received (raw JSON bytes); NotFound when absent."""
-    row = session.execute(
-        select(RunDocument.body, RunDocument.encoding)
-        .join(Run, Run.id == RunDocument.run_pk)
-        .where(Run.run_id == run_id)
-    ).first()
+    row = session.connection().execute(_DOCUMENT, {"run_id": run_id}).first()
     if row is None:
         raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
     return decompress_document(row.body, row.encoding)
@@ -78,7 +90,7 @@ def decode_cursor(cursor: str) -> int:
         raise InvalidRequest("cursor is not one this service issued", cursor=cursor) from None
 
 
-def runs_of_cid(cid: str) -> Any:
+def runs_of_cid(cid: str | BindParameter[str]) -> Any:
     """Keys of the runs whose canonical or per-trajectory cid is `cid`.
 
     A UNION of two index look-ups: written as `a OR b IN (...)`, PostgreSQL cannot use
@@ -88,6 +100,9 @@ def runs_of_cid(cid: str) -> Any:
         select(Run.id).where(Run.correlation_id == cid),
         select(Trajectory.run_pk).where(Trajectory.correlation_id == cid),
     )
+
+
+_BY_CID = select(*SUMMARY_COLUMNS).where(Run.id.in_(runs_of_cid(_CID))).order_by(Run.id.desc())
 
 
 def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
@@ -122,11 +137,7 @@ def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
     envs: dict[int, list[str]] = {}
     policies: dict[int, list[str]] = {}
     if pks:
-        for t in session.execute(
-            select(Trajectory.run_pk, Trajectory.env_id, Trajectory.policy_id)
-            .where(Trajectory.run_pk.in_(pks))
-            .order_by(Trajectory.run_pk, Trajectory.idx)
-        ):
+        for t in session.connection().execute(_IDS_OF_RUNS, {"pks": pks}):
             if t.env_id is not None and t.env_id not in envs.setdefault(t.run_pk, []):
                 envs[t.run_pk].append(t.env_id)
             if t.policy_id is not None and t.policy_id not in policies.setdefault(t.run_pk, []):
@@ -172,8 +183,7 @@ def list_runs(
 
 def runs_by_correlation(session: Session, cid: str) -> list[dict[str, Any]]:
     """Every run whose canonical or per-trajectory cid is `cid` (NotFound when none)."""
-    query = select(*SUMMARY_COLUMNS).where(Run.id.in_(runs_of_cid(cid))).order_by(Run.id.desc())
-    rows = list(session.execute(query))
+    rows = list(session.connection().execute(_BY_CID, {"cid": cid}))
     if not rows:
         raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
     return _summaries(session, rows)
