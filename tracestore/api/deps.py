@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from tracestore.db.uow import read_session
 from tracestore.errors import Unauthorized
 from tracestore.settings import Settings
 
@@ -24,7 +24,11 @@ class AppState:
     engine: Engine
 
 
-def get_state(request: Request) -> AppState:
+# Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the
+# thread pool, and each hop there costs more than the work (bench/README.md).
+
+
+async def get_state(request: Request) -> AppState:
     """The app's state."""
     state: AppState = request.app.state.tracestore
     return state
@@ -33,10 +37,19 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_read_session(state: StateDep) -> Iterator[Session]:
-    """A read-only session for the request."""
-    with read_session(state.engine) as session:
+def _end(session: Session) -> None:
+    session.rollback()  # a read session never writes
+    session.close()
+
+
+async def get_read_session(state: StateDep) -> AsyncIterator[Session]:
+    """A read-only session for the request; it connects at its first query."""
+    session = Session(state.engine, expire_on_commit=False)  # no I/O yet
+    try:
         yield session
+    finally:
+        # Rolling back and returning the connection is I/O: off the event loop.
+        await run_in_threadpool(_end, session)
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session)]
@@ -64,7 +77,7 @@ def key_is_valid(presented: str, keys: list[str]) -> bool:
     return ok
 
 
-def require_api_key(request: Request, state: StateDep) -> None:
+async def require_api_key(request: Request, state: StateDep) -> None:
     """Refuse the request (401) when keys are configured and none valid is presented."""
     keys = state.settings.api_keys
     if not keys:
