@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
@@ -42,6 +43,13 @@ def cid_from_url(url: object) -> str | None:
     """
     if not isinstance(url, str) or "?" not in url:
         return None
+    return _cid_in_query(url)
+
+
+# Every step of a rollout repeats its trajectory's URL, and a rollout's cids are read twice
+# (projection and the drift check): parse each distinct URL once.
+@lru_cache(maxsize=4096)
+def _cid_in_query(url: str) -> str | None:
     try:
         query = urlsplit(url).query
     except ValueError:
