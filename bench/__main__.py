@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from bench import fetch, lookup, memory
+from bench import fetch, ingest_breakdown, lookup, memory
 from bench import ingest as ingest_bench
 from bench.common import fresh_database, pg_available
 from bench.corpus import corpus
@@ -102,6 +102,10 @@ def run_all(size: str, backends: list[str]) -> dict[str, Any]:
             r["memory"] = memory.measure(url, cfg["memory_bytes"])
         r["seconds"] = time.perf_counter() - t0
         out["results"][backend] = r
+    # Where in-process ingest time goes (parse, prepare, write), next to the floor.
+    out["breakdown"] = ingest_breakdown.run(
+        backends, n_multi=min(cfg["multi"], 100), n_single=min(cfg["single"], 1000)
+    )
     # The DuckDB reports benchmark (live store vs Parquet snapshot) runs as its own process.
     args = [sys.executable, "-m", "bench.reports_bench"]
     args += ["--quick"] if size == "quick" else []
@@ -165,6 +169,13 @@ def table(results: dict[str, Any]) -> str:
             f"{m['peak_growth_bytes'] / 1e6:.0f} MB | document size | "
             f"{m['multiple_of_size']:.1f}x |"
         )
+    if results.get("breakdown"):
+        lines += [
+            "",
+            "In-process ingest per rollout, batches of 50 (`python -m bench.ingest_breakdown`):",
+            "",
+            ingest_breakdown.markdown(results["breakdown"]),
+        ]
     if results.get("reports"):
         lines += ["", results["reports"].get("markdown", "")]
     return "\n".join(lines) + "\n"
