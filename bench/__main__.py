@@ -37,6 +37,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "lookup_samples": 300,
         "fetch_samples": 40,
         "memory_bytes": 10_000_000,
+        "ingest_repeats": 1,
     },
     "full": {
         "multi": 300,
@@ -46,6 +47,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "lookup_samples": 2000,
         "fetch_samples": 200,
         "memory_bytes": 50_000_000,
+        "ingest_repeats": 3,
     },
 }
 
@@ -90,7 +92,9 @@ def run_all(size: str, backends: list[str]) -> dict[str, Any]:
         r: dict[str, Any] = {}
         t0 = time.perf_counter()
         for name, docs in corpora.items():
-            r[f"ingest_{name}"] = ingest_bench.run(backend, docs, _steps(docs), cfg["http"])
+            r[f"ingest_{name}"] = ingest_bench.run(
+                backend, docs, _steps(docs), cfg["http"], repeats=cfg["ingest_repeats"]
+            )
             r[f"disk_{name}"] = _disk(backend, docs)
         for n in cfg["lookup_runs"]:
             with fresh_database(backend) as url:

@@ -9,6 +9,7 @@ database and driver cost with no service at all.
 from __future__ import annotations
 
 import sqlite3
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -244,16 +245,30 @@ def figures(seconds: float, docs: Sequence[bytes], steps: int) -> dict[str, floa
 
 
 def run(
-    backend: str, docs: Sequence[bytes], steps: int, http_modes: Sequence[tuple[int, int]]
+    backend: str,
+    docs: Sequence[bytes],
+    steps: int,
+    http_modes: Sequence[tuple[int, int]],
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """All ingest measurements of one corpus on one backend."""
-    results: dict[str, Any] = {}
-    with fresh_database(backend) as url:
-        results["floor"] = figures(floor(url, docs), docs, steps)
-    for batch in (1, 50):
+    """All ingest measurements of one corpus on one backend.
+
+    The floor and the in-process figures are the median of `repeats` rounds, the three
+    measured one after the other in each round (on a shared machine, what slows one round
+    slows its floor too); each measurement gets a fresh database.
+    """
+    rounds: dict[str, list[float]] = {"floor": [], "in_process_single": [], "in_process_batch": []}
+    for _ in range(repeats):
         with fresh_database(backend) as url:
-            name = "in_process_batch" if batch > 1 else "in_process_single"
-            results[name] = figures(in_process(url, docs, batch), docs, steps)
+            rounds["floor"].append(floor(url, docs))
+        for batch in (1, 50):
+            with fresh_database(backend) as url:
+                name = "in_process_batch" if batch > 1 else "in_process_single"
+                rounds[name].append(in_process(url, docs, batch))
+    results: dict[str, Any] = {}
+    for name, seconds in rounds.items():
+        results[name] = figures(statistics.median(seconds), docs, steps)
+        results[name]["rounds_seconds"] = seconds
     for workers, batch in http_modes:
         with fresh_database(backend) as url:
             seconds = over_http(url, docs, workers=workers, batch=batch, clients=2 * workers)
