@@ -21,7 +21,12 @@ from tracestore.api.schemas import (
 )
 from tracestore.errors import InvalidJSON, InvalidRollout, PayloadTooLarge, UnsupportedMediaType
 from tracestore.ingest.parse import parse_json
-from tracestore.ingest.service import IngestResult, ingest_bytes, ingest_many
+from tracestore.ingest.service import (
+    IngestResult,
+    cyclic_gc_paused,
+    ingest_bytes,
+    ingest_many,
+)
 from tracestore.jsontext import dumps
 from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs, runs_by_correlation
 
@@ -94,7 +99,8 @@ def _split_batch(raw: bytes, ndjson: bool) -> list[tuple[bytes, Any]]:
 
 
 def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
-    items = _split_batch(raw, ndjson)
+    with cyclic_gc_paused():  # parsing the items: see ingest.service.cyclic_gc_paused
+        items = _split_batch(raw, ndjson)
     limit = state.settings.max_batch_items
     if len(items) > limit:
         raise PayloadTooLarge(
