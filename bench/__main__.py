@@ -173,6 +173,7 @@ def table(results: dict[str, Any]) -> str:
             f"{m['peak_growth_bytes'] / 1e6:.0f} MB | document size | "
             f"{m['multiple_of_size']:.1f}x |"
         )
+    lines += ["", "Targets (issue 6):", "", targets(results)]
     if results.get("breakdown"):
         lines += [
             "",
@@ -183,6 +184,97 @@ def table(results: dict[str, Any]) -> str:
     if results.get("reports"):
         lines += ["", results["reports"].get("markdown", "")]
     return "\n".join(lines) + "\n"
+
+
+def _report_seconds(markdown: str) -> dict[str, dict[str, float]]:
+    """Seconds per report and source from the reports benchmark's table."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        return {}
+    sources = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
+    out: dict[str, dict[str, float]] = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0].startswith("("):
+            continue  # (open DuckDB)
+        out[cells[0]] = {
+            src: float(v.split()[0]) for src, v in zip(sources, cells[1:], strict=True)
+        }
+    return out
+
+
+def targets(results: dict[str, Any]) -> str:
+    """Issue 6's targets, each with the figure of this run and whether it is met."""
+    rows: list[tuple[str, str, str, bool]] = []
+    for backend, r in results["results"].items():
+        for name in ("multi", "single"):
+            ing = r[f"ingest_{name}"]
+            for mode in ("in_process_single", "in_process_batch"):
+                ratio = ing[mode]["ratio_to_floor"]
+                rows.append(
+                    (
+                        "in-process ingest >= 0.5x floor",
+                        f"{backend} {name} {mode}",
+                        f"{ratio:.2f}x",
+                        ratio >= 0.5,
+                    )
+                )
+            if backend == "postgresql":
+                for mode in ("http_2w_batch", "http_2w_single"):
+                    ratio = ing[mode]["ratio_to_floor"]
+                    rows.append(
+                        (
+                            "HTTP ingest, 2 workers, PostgreSQL >= 0.3x floor",
+                            f"{name} {mode}",
+                            f"{ratio:.2f}x",
+                            ratio >= 0.3,
+                        )
+                    )
+            disk = r[f"disk_{name}"]["disk_to_raw"]
+            rows.append(
+                ("bytes on disk <= 1.0x raw JSON", f"{backend} {name}", f"{disk:.2f}x", disk <= 1.0)
+            )
+        for key, look in r.items():
+            if key.startswith("lookup_"):
+                n = int(key.split("_")[1])
+                ratio = look["in_process_cid"]["p99_ratio_to_floor"]
+                rows.append(
+                    (
+                        "cid look-up p99 <= 2x bare SELECT, in-process",
+                        f"{backend} {n:,} runs",
+                        f"{ratio:.1f}x",
+                        ratio <= 2,
+                    )
+                )
+                if n >= 1_000_000:
+                    p99 = look["http_cid"]["p99_ms"]
+                    rows.append(
+                        (
+                            "cid look-up p99 <= 5 ms over HTTP at 1,000,000 runs",
+                            backend,
+                            f"{p99:.2f} ms",
+                            p99 <= 5,
+                        )
+                    )
+        mem = r["memory"]["multiple_of_size"]
+        rows.append(("peak memory <= 6x a 50 MB rollout", backend, f"{mem:.1f}x", mem <= 6))
+    reports = _report_seconds(results.get("reports", {}).get("markdown", ""))
+    for report, by_source in reports.items():
+        snap = by_source.get("Parquet snapshot")
+        for source, seconds in by_source.items():
+            if source != "Parquet snapshot" and snap:
+                ratio = seconds / snap
+                rows.append(
+                    (
+                        "report on the live store <= 2x the snapshot",
+                        f"{report}, {source}",
+                        f"{ratio:.1f}x",
+                        ratio <= 2,
+                    )
+                )
+    lines = ["| target | where | this run | met |", "|---|---|---:|---|"]
+    lines += [f"| {t} | {w} | {v} | {'yes' if ok else '**no**'} |" for t, w, v, ok in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:
