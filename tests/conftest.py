@@ -211,6 +211,25 @@ def engine(session_engine: Engine) -> Iterator[Engine]:
     wipe(session_engine)
 
 
+def minimal_rollout(run_id: str, reward: float = 1.0, **extra: Any) -> dict[str, Any]:
+    """The smallest valid RolloutResponse: one trajectory of one step (`extra` keys added)."""
+    doc: dict[str, Any] = {
+        "run_id": run_id,
+        "trajectories": [
+            {
+                "env_id": "e",
+                "policy_id": "p",
+                "steps": [{"obs": {}, "tool_calls": [], "reward": reward, "done": True}],
+                "length": 1,
+                "inference_url": "",
+            }
+        ],
+        "metrics": {"episode_returns": [reward], "mean_return": reward, "num_steps": 1},
+    }
+    doc.update(extra)
+    return doc
+
+
 # --- a real HTTP server (uvicorn on a loopback port, in a thread) -------------------------
 
 

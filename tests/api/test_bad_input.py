@@ -11,26 +11,14 @@ import orjson
 import pytest
 from sqlalchemy import Engine
 
-from tests.conftest import Database, Example, LiveServer, row_counts
+from tests.conftest import Database, Example, LiveServer, minimal_rollout, row_counts
 from tracestore.settings import Settings
 
 SMALL_LIMIT = 64 * 1024
 
 
 def _valid() -> dict[str, Any]:
-    return {
-        "run_id": "run-bad-input",
-        "trajectories": [
-            {
-                "env_id": "e",
-                "policy_id": "p",
-                "steps": [{"obs": {}, "tool_calls": [], "reward": 1.0, "done": True}],
-                "length": 1,
-                "inference_url": "",
-            }
-        ],
-        "metrics": {"episode_returns": [1.0], "mean_return": 1.0, "num_steps": 1},
-    }
+    return minimal_rollout("run-bad-input")
 
 
 def _without(key: str) -> dict[str, Any]:

@@ -12,28 +12,14 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from tests.conftest import Database, LiveServer, row_counts
+from tests.conftest import Database, LiveServer, minimal_rollout, row_counts
 from tracestore.settings import Settings
 
 LOCK_WAIT_S = 0.3
 
 
 def _rollout(run_id: str) -> bytes:
-    return orjson.dumps(
-        {
-            "run_id": run_id,
-            "trajectories": [
-                {
-                    "env_id": "e",
-                    "policy_id": "p",
-                    "steps": [{"obs": {}, "tool_calls": [], "reward": 1.0, "done": True}],
-                    "length": 1,
-                    "inference_url": "",
-                }
-            ],
-            "metrics": {"episode_returns": [1.0], "mean_return": 1.0, "num_steps": 1},
-        }
-    )
+    return orjson.dumps(minimal_rollout(run_id))
 
 
 def _short_wait_url(database: Database) -> str:

@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import LiveServer, free_port
+from tests.conftest import LiveServer, free_port, minimal_rollout
 from tracestore.client import RetryPolicy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -26,19 +26,7 @@ def _snippet() -> str:
 
 
 def _episode(run_id: str) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "trajectories": [
-            {
-                "env_id": "e",
-                "policy_id": "p",
-                "steps": [{"obs": {}, "tool_calls": [], "reward": 1.0, "done": True}],
-                "length": 1,
-                "inference_url": "",
-            }
-        ],
-        "metrics": {"episode_returns": [1.0], "mean_return": 1.0, "num_steps": 1},
-    }
+    return minimal_rollout(run_id)
 
 
 def _task_app(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

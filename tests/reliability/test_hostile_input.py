@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests import strategies as ts
+from tests.conftest import minimal_rollout
 from tests.reliability.conftest import Target
 from tests.reliability.harness import (
     FIGURES,
@@ -43,21 +44,7 @@ NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
 def _rollout(run_id: str, **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "run_id": run_id,
-        "trajectories": [
-            {
-                "env_id": "env",
-                "policy_id": "pol",
-                "steps": [{"obs": {}, "tool_calls": [], "reward": 1.0, "done": True}],
-                "length": 1,
-                "inference_url": "",
-            }
-        ],
-        "metrics": {"episode_returns": [1.0], "mean_return": 1.0, "num_steps": 1},
-    }
-    doc.update(extra)
-    return doc
+    return minimal_rollout(run_id, **extra)
 
 
 def _with_raw(doc: dict[str, Any], raw_value: bytes) -> bytes:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.conftest import Example, wipe
+from tests.conftest import Example, minimal_rollout, wipe
 from tracestore.db.base import Base
 from tracestore.db.uow import write_session
 from tracestore.ingest.service import (
@@ -64,21 +64,7 @@ def test_a_batch_stores_the_rows_one_at_a_time_would(
 
 
 def _doc(run_id: str, reward: float) -> bytes:
-    return orjson.dumps(
-        {
-            "run_id": run_id,
-            "trajectories": [
-                {
-                    "env_id": "e",
-                    "policy_id": "p",
-                    "steps": [{"obs": {}, "tool_calls": [], "reward": reward, "done": True}],
-                    "length": 1,
-                    "inference_url": "",
-                }
-            ],
-            "metrics": {"episode_returns": [reward], "mean_return": reward, "num_steps": 1},
-        }
-    )
+    return orjson.dumps(minimal_rollout(run_id, reward))
 
 
 def test_a_run_id_twice_in_one_batch_is_decided_against_the_first(engine: Engine) -> None:
