@@ -42,32 +42,34 @@ def _items(paths: list[Path], progress: Progress) -> Iterator[FileItem]:
         progress.update(task, completed=done)
 
 
+def _batches(items: Iterator[FileItem], record: Any) -> Iterator[list[FileItem]]:
+    """Parsed items in batches of at most BATCH_DOCS / BATCH_BYTES; unparseable ones are
+    recorded as invalid on the way."""
+    batch: list[FileItem] = []
+    size = 0
+    for item in items:
+        if isinstance(item.value, TracestoreError):
+            record(item, "invalid", item.value.message)
+            continue
+        batch.append(item)
+        size += len(item.raw)
+        if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _direct(db: str | None, items: Iterator[FileItem], record: Any) -> None:
     from tracestore.ingest.service import ingest_many
 
     engine = open_store(db)
-
-    def flush(batch: list[FileItem]) -> None:
-        # Each rollout stands alone (its own savepoint); the batch shares a commit.
-        for item, result in zip(
-            batch, ingest_many(engine, [(i.raw, i.value) for i in batch]), strict=True
-        ):
-            record(item, result.status, result.error.message if result.error else None)
-
     try:
-        batch: list[FileItem] = []
-        size = 0
-        for item in items:
-            if isinstance(item.value, TracestoreError):
-                record(item, "invalid", item.value.message)
-                continue
-            batch.append(item)
-            size += len(item.raw)
-            if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
-                flush(batch)
-                batch, size = [], 0
-        if batch:
-            flush(batch)
+        for batch in _batches(items, record):
+            # Each rollout stands alone (its own savepoint); the batch shares a commit.
+            results = ingest_many(engine, [(i.raw, i.value) for i in batch])
+            for item, result in zip(batch, results, strict=True):
+                record(item, result.status, result.error.message if result.error else None)
     finally:
         engine.dispose()
 
@@ -75,27 +77,13 @@ def _direct(db: str | None, items: Iterator[FileItem], record: Any) -> None:
 def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: Any) -> None:
     from tracestore.client import TracestoreClient
 
-    def flush(batch: list[FileItem]) -> None:
-        body = client.post_batch([i.raw for i in batch])
-        for item, result in zip(batch, body["results"], strict=True):
-            error = result.get("error") or {}
-            record(item, result["status"], error.get("message"))
-
     # A few retries ride out a server restart; a server that stays down fails the command.
     with TracestoreClient(url, api_key=api_key, max_retries=3) as client:
-        batch: list[FileItem] = []
-        size = 0
-        for item in items:
-            if isinstance(item.value, TracestoreError):
-                record(item, "invalid", item.value.message)
-                continue
-            batch.append(item)
-            size += len(item.raw)
-            if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
-                flush(batch)
-                batch, size = [], 0
-        if batch:
-            flush(batch)
+        for batch in _batches(items, record):
+            body = client.post_batch([i.raw for i in batch])
+            for item, result in zip(batch, body["results"], strict=True):
+                error = result.get("error") or {}
+                record(item, result["status"], error.get("message"))
 
 
 def ingest(
