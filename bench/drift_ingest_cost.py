@@ -8,7 +8,7 @@ Measurements:
    drift hook and without it, alternately per rollout, so the difference is what drift adds
    where ingest runs it (trace views shared with the projection); and `drift_rows(doc)` on
    its own, split into the comparison and the reproduction check;
-2. in the transaction (under SQLite's write lock): `write_drift`, timed inside real ingests;
+2. in the transaction (under SQLite's write lock): `write_drift_many`, timed inside real ingests;
 3. end to end: `ingest_bytes` into two fresh stores, one with the drift hook and one
    without (both hook functions replaced by no-ops), in alternating rounds so that the
    machine's load hits both alike; the median round's difference per rollout.
@@ -38,7 +38,7 @@ import tracestore.ingest.service as ingest_service
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.drift.compare import compare_rollout
-from tracestore.drift.store import drift_rows, reproduction, write_drift
+from tracestore.drift.store import drift_rows, reproduction, write_drift_many
 
 EXAMPLES = Path(
     os.environ.get(
@@ -122,22 +122,22 @@ def fresh_store(backend: str, pg_admin: str) -> Iterator[Any]:
 def drift_hook(on: bool, in_tx: list[float] | None = None) -> Iterator[None]:
     """Ingest with the drift hook (its write timed into `in_tx`), or with both parts no-ops."""
 
-    def timed_write(conn: Any, run_pk: int, rows: Any) -> None:
+    def timed_write(conn: Any, items: Any) -> None:
         start = time.perf_counter()
-        write_drift(conn, run_pk, rows)
-        if in_tx is not None:
-            in_tx.append((time.perf_counter() - start) * 1000)
+        write_drift_many(conn, items)
+        if in_tx is not None:  # per rollout
+            in_tx.append((time.perf_counter() - start) * 1000 / max(1, len(items)))
 
-    saved = ingest_service.drift_rows, ingest_service.write_drift
+    saved = ingest_service.drift_rows, ingest_service.write_drift_many
     if on:
-        ingest_service.write_drift = timed_write
+        ingest_service.write_drift_many = timed_write
     else:
         ingest_service.drift_rows = lambda doc: None  # type: ignore[assignment,return-value]
-        ingest_service.write_drift = lambda conn, run_pk, rows: None
+        ingest_service.write_drift_many = lambda conn, items: None
     try:
         yield
     finally:
-        ingest_service.drift_rows, ingest_service.write_drift = saved
+        ingest_service.drift_rows, ingest_service.write_drift_many = saved
 
 
 def prepare_ms(lines: list[bytes], repeat: int) -> tuple[list[float], list[float]]:
@@ -208,7 +208,7 @@ def main() -> None:
         on_ms = statistics.median(a for a, _ in rounds)
         off_ms = statistics.median(b for _, b in rounds)
         print(f"\n{backend}: {args.rounds} rounds of {n} rollouts into each store")
-        print(describe("2. write_drift, in the transaction", in_tx))
+        print(describe("2. write_drift_many, in the transaction", in_tx))
         print(
             f"3. ingest_bytes per rollout (median round): with drift {on_ms:.3f} ms, without "
             f"{off_ms:.3f} ms, difference {median:+.3f} ms ({median / off_ms * 100:+.1f}%)"

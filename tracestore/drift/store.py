@@ -3,7 +3,7 @@
 `drift_rows(doc)` is pure: it runs the comparison (SPEC §6) and the phase-1 reproduction
 check (the trace alone, converted by `trace_to_trajectories`, gives back the stored steps'
 obs, reward, done, truncated and normalized tool calls) outside any transaction, so
-`write_drift` inside the rollout's transaction is two executemany inserts.
+`write_drift_many` inside the rollouts' transaction is two executemany inserts.
 
 Every dialect difference of the drift tables (the UTC day of a timestamp, the upsert of
 legacy reads) is in this module.
@@ -193,7 +193,7 @@ def _usable_trace(doc: Mapping[str, Any], comparison: Comparison) -> bool:
 
 
 def drift_rows(doc: Mapping[str, Any]) -> DriftRows:
-    """The drift rows of a validated rollout (pure); written later by write_drift."""
+    """The drift rows of a validated rollout (pure); written later by write_drift_many."""
     comparison = compare_rollout(doc)
     repro = reproduction(doc)
     check = {
@@ -228,13 +228,6 @@ def drift_rows(doc: Mapping[str, Any]) -> DriftRows:
 
 
 # --- writes: inside the caller's transaction ----------------------------------------------
-
-
-def write_drift(conn: Connection, run_pk: int, rows: DriftRows) -> None:
-    """Insert a rollout's drift rows in the caller's transaction."""
-    conn.execute(insert(CHECKS), dict(rows.check, run_pk=run_pk, checked_at=datetime.now(UTC)))
-    if rows.findings:
-        conn.execute(insert(FINDINGS), [dict(f, run_pk=run_pk) for f in rows.findings])
 
 
 def write_drift_many(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from tracestore.correlation import resolve_correlation
 from tracestore.db.bulk import allocate_ids, bulk_insert
 from tracestore.db.uow import write_session
-from tracestore.drift.store import drift_rows, write_drift, write_drift_many
+from tracestore.drift.store import drift_rows, write_drift_many
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.ingest.project import RolloutRows, TraceRows, project_rollout
@@ -153,10 +153,6 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
     return Prepared(doc=valid, raw=raw, digest=content_hash(raw), rows=rows, drift=drift)
 
 
-class _RunIdTaken(Exception):
-    """Another transaction inserted the same run_id first (unique constraint)."""
-
-
 def _differing_parts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys = list(dict.fromkeys([*stored, *new]))
     return [k for k in keys if stored.get(k, _MISSING) != new.get(k, _MISSING)]
@@ -184,7 +180,6 @@ _FIND_RUN = select(
     RUNS.c.correlation_source,
     RUNS.c.trace_kind,
 )
-_INSERT_RUN = insert(RUNS).returning(RUNS.c.id)
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
 _RECEIVED = {
     "origin": "received",
@@ -235,6 +230,28 @@ def _answer_existing(conn: Connection, prepared: Prepared, run: Any) -> IngestRe
     )
 
 
+def _trace_children(
+    out: dict[Table, list[dict[str, Any]]],
+    trace: TraceRows,
+    trace_pk: int,
+    run_pk: int,
+    step_pks: Iterator[int],
+) -> None:
+    """Append a trace's time-step, event and message rows to `out`, keys wired."""
+    by_position: dict[Any, int] = {}
+    for ts in trace.time_steps:
+        by_position[ts["position"]] = pk = next(step_pks)
+        out[TIME_STEPS].append(dict(ts, id=pk, trace_pk=trace_pk))
+    out[EVENTS].extend(
+        dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
+        for e, at in zip(trace.events, trace.event_steps, strict=True)
+    )
+    out[MESSAGES].extend(
+        dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
+        for m, at in zip(trace.messages, trace.message_steps, strict=True)
+    )
+
+
 def write_trace(
     conn: Connection, run_pk: int, trace: TraceRows, provenance: dict[str, Any] | None = None
 ) -> int:
@@ -247,79 +264,12 @@ def write_trace(
     # Through SQLAlchemy (one row): a unique violation on the run-level trace index must
     # surface as IntegrityError for backfill's savepoint.
     trace_pk: int = conn.execute(_INSERT_TRACE, trace_row).scalar_one()
-    step_pks = allocate_ids(conn, TIME_STEPS, len(trace.time_steps))
-    bulk_insert(
-        conn,
-        TIME_STEPS,
-        [
-            dict(s, id=pk, trace_pk=trace_pk)
-            for s, pk in zip(trace.time_steps, step_pks, strict=True)
-        ],
-    )
-    by_position = {s["position"]: pk for s, pk in zip(trace.time_steps, step_pks, strict=True)}
-    bulk_insert(
-        conn,
-        EVENTS,
-        [
-            dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-            for e, s in zip(trace.events, trace.event_steps, strict=True)
-        ],
-    )
-    bulk_insert(
-        conn,
-        MESSAGES,
-        [
-            dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(s))
-            for m, s in zip(trace.messages, trace.message_steps, strict=True)
-        ],
-    )
+    out: dict[Table, list[dict[str, Any]]] = {TIME_STEPS: [], EVENTS: [], MESSAGES: []}
+    step_pks = iter(allocate_ids(conn, TIME_STEPS, len(trace.time_steps)))
+    _trace_children(out, trace, trace_pk, run_pk, step_pks)
+    for table, table_rows in out.items():  # time steps before the rows that point at them
+        bulk_insert(conn, table, table_rows)
     return trace_pk
-
-
-def write_rows(conn: Connection, prepared: Prepared, received_at: datetime) -> int:
-    """Insert every row of a prepared rollout; returns the new run's primary key."""
-    rows = prepared.rows
-    run_row = dict(
-        rows.run,
-        received_at=received_at,
-        content_hash=prepared.digest,
-        doc_bytes=len(prepared.raw),
-    )
-    try:
-        # No savepoint: a unique-violation aborts the whole transaction, which is what we
-        # want (nothing else was written yet); the caller retries and finds the run.
-        run_pk: int = conn.execute(_INSERT_RUN, run_row).scalar_one()
-    except IntegrityError as exc:
-        raise _RunIdTaken from exc
-    bulk_insert(
-        conn,
-        DOCUMENTS,
-        [
-            {
-                "run_pk": run_pk,
-                "encoding": DOCUMENT_ENCODING,
-                "body": compress_document(prepared.raw),
-            }
-        ],
-    )
-    traj_pks = allocate_ids(conn, TRAJECTORIES, len(rows.trajectories))
-    bulk_insert(
-        conn,
-        TRAJECTORIES,
-        [dict(r, id=pk, run_pk=run_pk) for r, pk in zip(rows.trajectories, traj_pks, strict=True)],
-    )
-    bulk_insert(
-        conn,
-        STEPS,
-        [
-            dict(s, run_pk=run_pk, trajectory_pk=traj_pk)
-            for traj_pk, steps in zip(traj_pks, rows.steps, strict=True)
-            for s in steps
-        ],
-    )
-    for trace in rows.traces:
-        write_trace(conn, run_pk, trace)
-    return run_pk
 
 
 def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
@@ -327,6 +277,7 @@ def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
 
     Returns `duplicate` or `conflict` (writing nothing) when the run_id is already stored.
     """
+    taken: Exception | None = None
     for _attempt in range(3):
         existing = _existing(conn, prepared)
         if existing is not None:
@@ -334,15 +285,19 @@ def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
         try:
             # The savepoint makes the rollout all-or-nothing inside a larger transaction.
             with conn.begin_nested():
-                run_pk = write_rows(conn, prepared, datetime.now(UTC))
-                # Drift findings go in with the rollout's rows: all or nothing.
-                write_drift(conn, run_pk, prepared.drift)
-        except _RunIdTaken:
+                write_many(conn, [prepared], datetime.now(UTC))
+        except _integrity_errors(conn) as exc:
             # A concurrent transaction stored the same run_id between our check and our
             # insert; only our savepoint was undone. Check again: duplicate or conflict.
+            taken = exc
             continue
         return _created(prepared)
-    raise RuntimeError("run_id kept colliding with concurrent inserts")  # pragma: no cover
+    raise RuntimeError("run_id kept colliding with concurrent inserts") from taken
+
+
+def _integrity_errors(conn: Connection) -> tuple[type[Exception], ...]:
+    # SQLAlchemy's, and the driver's own: bulk writes go to the driver directly.
+    return (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError)
 
 
 def _created(prepared: Prepared) -> IngestResult:
@@ -397,18 +352,7 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
         for trace in rows.traces:
             trace_pk = next(trace_pks)
             out[TRACES].append(dict(trace.trace, id=trace_pk, run_pk=run_pk, **_RECEIVED))
-            by_position: dict[Any, int] = {}
-            for ts in trace.time_steps:
-                by_position[ts["position"]] = pk = next(ts_pks)
-                out[TIME_STEPS].append(dict(ts, id=pk, trace_pk=trace_pk))
-            out[EVENTS].extend(
-                dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
-                for e, at in zip(trace.events, trace.event_steps, strict=True)
-            )
-            out[MESSAGES].extend(
-                dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
-                for m, at in zip(trace.messages, trace.message_steps, strict=True)
-            )
+            _trace_children(out, trace, trace_pk, run_pk, ts_pks)
     # Parents before children: the foreign keys are checked row by row.
     for table, table_rows in out.items():
         bulk_insert(conn, table, table_rows)
@@ -437,11 +381,10 @@ def store_chunk(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResul
         elif run_id not in fresh:
             fresh[run_id] = i
     if fresh:
-        dbapi_integrity = conn.dialect.loaded_dbapi.IntegrityError
         try:
             with conn.begin_nested():
                 write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
-        except (IntegrityError, dbapi_integrity):
+        except _integrity_errors(conn):
             pass  # undone: the slow path below decides each one
         else:
             for i in fresh.values():
