@@ -522,8 +522,8 @@ def main() -> None:
     args = parser.parse_args()
     min_steps = 50_000 if args.quick else args.steps
 
+    from tracestore.reports import live
     from tracestore.reports.connection import open_live, open_snapshot
-    from tracestore.reports.export import export_snapshot
     from tracestore.reports.filters import Filters
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="tracestore-reports-bench-"))
@@ -548,8 +548,8 @@ def main() -> None:
         export_s = None
         if not snap.exists():
             t0 = time.perf_counter()
-            export_snapshot(
-                sqlite, snap, Filters(), schema_revision=migrate.current_revision(sqlite)
+            live.export(
+                sqlite.url, snap, Filters(), schema_revision=migrate.current_revision(sqlite)
             )
             export_s = time.perf_counter() - t0
             print(f"exported to {snap} in {export_s:.1f}s")
@@ -558,7 +558,7 @@ def main() -> None:
         results: dict[str, dict[str, float]] = {}
         outputs: dict[str, dict[str, Any]] = {}
         results["SQLite (live)"], outputs["sqlite"] = bench_source(
-            "SQLite", lambda: open_live(sqlite), args.repeat
+            "SQLite", lambda: open_live(sqlite, in_this_process=True), args.repeat
         )
         with pg_database(None if args.no_pg else args.pg) as pg_url:
             if pg_url is not None:
@@ -568,7 +568,7 @@ def main() -> None:
                 build(pg, min_steps)
                 print(f"PostgreSQL store built in {time.perf_counter() - t0:.1f}s")
                 results["PostgreSQL (live)"], outputs["postgresql"] = bench_source(
-                    "PostgreSQL", lambda: open_live(pg), args.repeat
+                    "PostgreSQL", lambda: open_live(pg, in_this_process=True), args.repeat
                 )
                 pg.dispose()
         results["Parquet snapshot"], outputs["snapshot"] = bench_source(

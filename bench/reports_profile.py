@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = create_engine(f"sqlite:///{args.work / f'store-{args.steps}.db'}")
     sources = {
-        "live SQLite": lambda: open_live(engine),
+        "live SQLite": lambda: open_live(engine, in_this_process=True),
         "snapshot": lambda: open_snapshot(args.work / f"snapshot-{args.steps}"),
     }
     for label, opener in sources.items():

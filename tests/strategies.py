@@ -30,10 +30,92 @@ run_id_suffix = st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
 numbers = st.floats(allow_nan=False, allow_infinity=False, width=64) | st.integers(-1000, 1000)
 
 
+# Names the wire models declare or the readers look up: an "undeclared" extra key must be
+# none of them, or it changes what the document means (a stray `reward: []` on a step
+# that drew no reward makes the document invalid).
+READ_NAMES = frozenset(
+    {
+        "aborted",
+        "actions",
+        "branches",
+        "call_records",
+        "completed_at",
+        "content",
+        "cost_usd",
+        "created_at",
+        "decision_samples",
+        "done",
+        "env_id",
+        "event_history",
+        "event_metadata",
+        "event_time",
+        "event_type",
+        "events",
+        "events_score",
+        "final",
+        "inference_url",
+        "info",
+        "input_tokens",
+        "json_payload",
+        "kind",
+        "latency_ms",
+        "length",
+        "markov_blanket_message_history",
+        "markov_blanket_messages",
+        "mean_return",
+        "message_time",
+        "message_type",
+        "metadata",
+        "metrics",
+        "model_name",
+        "n_events",
+        "n_messages",
+        "n_time_steps",
+        "num_episodes",
+        "num_steps",
+        "obs",
+        "ops_executed",
+        "outcome_score",
+        "output_tokens",
+        "pipeline_metadata",
+        "policy_id",
+        "provider",
+        "reward",
+        "run_id",
+        "session_id",
+        "session_metadata",
+        "session_time_steps",
+        "session_trace",
+        "span_id",
+        "step_id",
+        "step_index",
+        "step_metadata",
+        "steps",
+        "system_instance_id",
+        "system_state_after",
+        "system_state_before",
+        "terminated",
+        "text",
+        "time_record",
+        "timestamp",
+        "tool_calls",
+        "total_tokens",
+        "trace",
+        "trace_correlation_id",
+        "trace_id",
+        "trajectories",
+        "trajectory_idx",
+        "truncated",
+        "turn_number",
+    }
+)
+
+
 def _with_extra(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     # Undeclared keys must not shadow declared ones (they would change the document's type).
     for key, value in extra.items():
-        base.setdefault(key, value)
+        if key not in READ_NAMES:
+            base.setdefault(key, value)
     return base
 
 

@@ -15,6 +15,11 @@ class TracestoreError(Exception):
         self.message = message
         self.details = details
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (analytics run in a child process): keep the
+        # details, which the default pickling (the positional args only) would drop.
+        return (_rebuild, (type(self), self.message, self.details))
+
 
 class InvalidJSON(TracestoreError):
     """The body is not JSON (or not the JSON shape a route expects at the top)."""
@@ -68,3 +73,7 @@ class SchemaOutOfDate(TracestoreError):
     """The database schema is not at the revision this code expects."""
 
     code = "schema_out_of_date"
+
+
+def _rebuild(cls: type[TracestoreError], message: str, details: dict[str, Any]) -> TracestoreError:
+    return cls(message, **details)

@@ -26,8 +26,8 @@ from tracestore.db.engine import create_engine
 from tracestore.ingest.service import ingest_bytes
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, LegacyRead
+from tracestore.reports import live
 from tracestore.reports.connection import Analytics, open_live, open_snapshot
-from tracestore.reports.export import export_snapshot
 from tracestore.reports.filters import Filters
 
 BASE = datetime(2025, 11, 18, 6, 0, tzinfo=UTC)
@@ -117,11 +117,14 @@ def stores(
         migrate.upgrade(engine)
         populate(engine, examples, stored_runs)
         snapshot = tmp_path_factory.mktemp(f"snapshot-{backend}") / "snap"
-        export_snapshot(
-            engine, snapshot, Filters(), schema_revision=migrate.current_revision(engine)
-        )
+        live.export(db.url, snapshot, Filters(), schema_revision=migrate.current_revision(engine))
         out[backend] = Store(
-            backend, db.url, engine, snapshot, open_live(engine), open_snapshot(snapshot)
+            backend,
+            db.url,
+            engine,
+            snapshot,
+            open_live(engine, in_this_process=True),
+            open_snapshot(snapshot),
         )
     yield out
     for store in out.values():

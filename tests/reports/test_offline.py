@@ -67,7 +67,7 @@ LOAD_AND_RUN = textwrap.dedent(
     )
     engine = create_engine(sys.argv[1])
     out = {"paths": paths, "loaded": loaded, "live": {}, "snapshot": {}}
-    with open_live(engine) as analytics:
+    with open_live(engine, in_this_process=True) as analytics:
         out["notices"] = analytics.notices
         for report in list_reports():
             result = run_report(analytics, report, Filters())
@@ -154,7 +154,7 @@ def test_an_extension_that_cannot_load_falls_back_to_reading_through_the_store(
     if broken == "corrupt":
         for name in ("sqlite_scanner", "postgres_scanner"):
             (tmp_path / f"{name}.duckdb_extension").write_bytes(b"\x7fELF not really")
-    with open_live(store.engine, extension_dir=tmp_path) as analytics:
+    with open_live(store.engine, extension_dir=tmp_path, in_this_process=True) as analytics:
         assert len(analytics.notices) == 1
         assert "reading the store through SQLAlchemy" in analytics.notices[0]
         assert "\n" not in analytics.notices[0]

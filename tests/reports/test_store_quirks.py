@@ -33,7 +33,7 @@ BANDIT = {
 
 def test_bare_json_numbers_are_read_exactly(engine: Engine) -> None:
     ingest_bytes(engine, orjson.dumps(BANDIT))
-    with open_live(engine) as analytics:
+    with open_live(engine, in_this_process=True) as analytics:
         got = run_sql(analytics, "SELECT CAST(obs AS VARCHAR) AS obs FROM steps ORDER BY idx")
         values = [orjson.loads(r["obs"]) for r in output.rows(got.table)]
         assert values == [3, 0.30000000000000004, "text"]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -26,12 +25,6 @@ if TYPE_CHECKING:
     from tracestore.reports.catalog import Report
     from tracestore.reports.connection import Analytics
     from tracestore.reports.runner import Result
-
-# Where to find sqlite_scanner/postgres_scanner .duckdb_extension files instead of the
-# PyPI packages' (e.g. binaries vendored by an operator); also how tests force the
-# SQLAlchemy fallback.
-EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
-
 
 _NUMERIC = frozenset(
     {"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT", "DOUBLE", "FLOAT", "DECIMAL"}
@@ -94,33 +87,40 @@ FromOption = Annotated[
 ]
 
 
-def _extension_dir() -> Path | None:
-    value = os.environ.get(EXTENSION_DIR_ENV)
-    return Path(value) if value else None
-
-
 @contextmanager
-def _analytics(db: str | None, snapshot: Path | None) -> Iterator[Analytics]:
-    """DuckDB over the snapshot (--from) or the store (--db), closed at the end."""
+def _snapshot(snapshot: Path) -> Iterator[Analytics]:
+    """DuckDB over a Parquet snapshot (--from), closed at the end."""
+    from tracestore.reports.connection import open_snapshot
+
+    with open_snapshot(snapshot) as analytics:
+        yield analytics
+
+
+def _live_url(db: str | None) -> str:
+    """The store's URL, checked to exist and to have a current schema."""
+    from tracestore.db.engine import normalize_url
+    from tracestore.reports.connection import attach_target
+
+    url = settings_for(db).database_url
+    # Checked before open_store, which would create an empty file for a wrong path.
+    attach_target(normalize_url(url))
+    open_store(db, create_new_sqlite=False).dispose()
+    return url
+
+
+def _results(
+    db: str | None,
+    snapshot: Path | None,
+    on_snapshot: Callable[[Analytics], Result],
+    on_live: Callable[[str], Result],
+) -> Result:
+    """Run on the snapshot (--from) or the live store (--db, read in a safe process)."""
     if snapshot is not None:
         if db is not None:
             fail("give --db or --from, not both")
-        from tracestore.reports.connection import open_snapshot
-
-        with open_snapshot(snapshot) as analytics:
-            yield analytics
-        return
-    from tracestore.db.engine import normalize_url
-    from tracestore.reports.connection import attach_target, open_live
-
-    # Checked before open_store, which would create an empty file for a wrong path.
-    attach_target(normalize_url(settings_for(db).database_url))
-    engine = open_store(db, create_new_sqlite=False)
-    try:
-        with open_live(engine, extension_dir=_extension_dir()) as analytics:
-            yield analytics
-    finally:
-        engine.dispose()
+        with _snapshot(snapshot) as analytics:
+            return on_snapshot(analytics)
+    return on_live(_live_url(db))
 
 
 def _emit(result: Result, fmt: Format, output: Path | None) -> None:
@@ -217,8 +217,14 @@ def report(
         filters = Filters.parse(since, until, env)
         if fmt is Format.parquet and output is None:
             fail("--format parquet writes a file: give -o FILE")
-        with _analytics(db, snapshot) as analytics:
-            result = run_report(analytics, chosen, filters)
+        from tracestore.reports import live
+
+        result = _results(
+            db,
+            snapshot,
+            lambda analytics: run_report(analytics, chosen, filters),
+            lambda url: live.report(url, chosen.name, filters),
+        )
         _emit(result, fmt, output)
 
 
@@ -267,8 +273,14 @@ def sql(
     with reported_errors():
         if fmt is Format.parquet and output is None:
             fail("--format parquet writes a file: give -o FILE")
-        with _analytics(db, snapshot) as analytics:
-            result = run_sql(analytics, text)
+        from tracestore.reports import live
+
+        result = _results(
+            db,
+            snapshot,
+            lambda analytics: run_sql(analytics, text),
+            lambda url: live.query(url, text),
+        )
         _emit(result, fmt, output)
 
 
@@ -294,25 +306,18 @@ def export(
     read it directly (docs/ANALYTICS.md). Raw documents are not exported.
     """
     from tracestore.db import migrate
-    from tracestore.db.engine import normalize_url
-    from tracestore.reports.connection import attach_target
-    from tracestore.reports.export import export_snapshot
+    from tracestore.reports import live
     from tracestore.reports.filters import Filters
 
     with reported_errors():
         filters = Filters.parse(since, until, None)
-        attach_target(normalize_url(settings_for(db).database_url))
+        url = _live_url(db)
         engine = open_store(db, create_new_sqlite=False)
         try:
-            summary = export_snapshot(
-                engine,
-                directory,
-                filters,
-                extension_dir=_extension_dir(),
-                schema_revision=migrate.current_revision(engine),
-            )
+            revision = migrate.current_revision(engine)
         finally:
             engine.dispose()
+        summary = live.export(url, directory, filters, schema_revision=revision)
     for notice in summary.manifest["source"]["notices"]:
         err_console.print(f"[yellow]note:[/] {notice}", highlight=False, soft_wrap=True)
     rows = summary.rows

@@ -7,7 +7,10 @@ the friendly views of `views.sql`. Reports read those names, so their figures ar
 same whichever source they run on.
 
 The store is read in place: the SQLite file through DuckDB's sqlite extension and
-PostgreSQL through its postgres extension, both attached READ_ONLY. The extensions are
+PostgreSQL through its postgres extension, both attached READ_ONLY. DuckDB's sqlite
+extension carries its own copy of the SQLite library, which must never open a live store
+inside a process that also uses it through Python's sqlite3 (see `reports/live.py`, which
+runs it in a child process); `open_live` refuses to unless told it may. The extensions are
 loaded from the files of the PyPI packages duckdb-extension-sqlite-scanner and
 duckdb-extension-postgres-scanner, never downloaded. When an extension cannot be loaded
 (or the store cannot be attached) the tables are read through SQLAlchemy into Arrow
@@ -53,6 +56,9 @@ EXTENSIONS = {
     "postgresql": ("duckdb_extension_postgres_scanner", "postgres_scanner", "postgres"),
 }
 _ARROW_BATCH_ROWS = 50_000
+# True in the analytics child process (reports/live.py), the one place a live SQLite
+# store may be attached by DuckDB's own SQLite library.
+_SQLITE_ATTACH_ALLOWED = False
 
 
 class AnalyticsError(TracestoreError):
@@ -422,18 +428,34 @@ def _sqlite_number_json_tables(engine: Engine, tables: Iterable[Table]) -> list[
     return found
 
 
+def allow_sqlite_attach() -> None:
+    """Mark this process as one where DuckDB may attach a live SQLite store (a child)."""
+    global _SQLITE_ATTACH_ALLOWED
+    _SQLITE_ATTACH_ALLOWED = True
+
+
 def open_live(
     engine: Engine,
     *,
     extension_dir: Path | None = None,
     writable_dir: Path | None = None,
+    in_this_process: bool = False,
 ) -> Analytics:
     """DuckDB over a live store, read-only, with the normalized tables and views.
 
     `extension_dir` overrides where the scanner extension file is looked for;
     `writable_dir` is the one directory DuckDB may write to (an export's target).
+    A SQLite store is refused unless this is the analytics child process or the caller
+    says `in_this_process` (a test or benchmark whose process nobody else writes through).
     """
     attach_type, target = attach_target(engine.url)
+    if attach_type == "sqlite" and not (_SQLITE_ATTACH_ALLOWED or in_this_process):
+        # A second SQLite library closing the file drops this process's POSIX locks; the
+        # next process to close then deletes the WAL under our writers (issue 18).
+        raise RuntimeError(
+            "DuckDB may not attach a live SQLite store in this process: "
+            "use tracestore.reports.live, which reads it in a child process"
+        )
     con = new_connection()
     try:
         analytics = _live(con, engine, attach_type, target, extension_dir)

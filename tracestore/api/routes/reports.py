@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
@@ -17,17 +16,10 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from tracestore.reports.catalog import Report
-    from tracestore.reports.connection import Analytics
     from tracestore.reports.filters import Filters
     from tracestore.reports.runner import Result
 
 router = APIRouter(prefix="/v1", tags=["reports"])
-
-# One DuckDB per store and process, opened on first use: loading the extension and
-# creating the views costs more than most reports, and each request gets its own cursor
-# on it. Data is read fresh by every query; only the attachment and views are reused.
-_ROOTS: dict[str, Analytics] = {}
-_ROOTS_LOCK = threading.Lock()
 
 _WHEN = (
     "An ISO date or time (`2025-11-20`, `2025-11-20T12:00:00Z`; no zone means UTC) or a "
@@ -142,32 +134,8 @@ def run_report_route(
     return JSONBody(output.document(result))
 
 
-def _cursor(engine: Engine, *, fresh: bool = False) -> Analytics:
-    """A cursor on the store's shared DuckDB (opened now when absent, or when `fresh`)."""
-    from tracestore.reports.connection import open_live
-
-    key = engine.url.render_as_string(hide_password=False)
-    with _ROOTS_LOCK:
-        root = _ROOTS.pop(key, None) if fresh else _ROOTS.get(key)
-        if fresh and root is not None:
-            root.close()
-            root = None
-        if root is None:
-            root = _ROOTS[key] = open_live(engine)
-        # Made under the lock: the shared connection object is not used by two threads.
-        return root.cursor()
-
-
 def _run(engine: Engine, report: Report, filters: Filters) -> Result:
-    """Run on the store's shared DuckDB; once more on a fresh one if that one failed."""
-    from tracestore.reports.connection import AnalyticsError
-    from tracestore.reports.runner import run_report
+    """Run on the live store; DuckDB never opens a SQLite store in this process."""
+    from tracestore.reports import live
 
-    try:
-        with _cursor(engine) as analytics:
-            return run_report(analytics, report, filters)
-    except AnalyticsError:
-        # The shared connection may have gone stale (a restarted database, a replaced
-        # file): a new one answers, or fails for a reason worth reporting.
-        with _cursor(engine, fresh=True) as analytics:
-            return run_report(analytics, report, filters)
+    return live.report(engine.url, report.name, filters)

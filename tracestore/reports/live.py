@@ -1,0 +1,221 @@
+"""Reports, queries and exports over a live store, without endangering it.
+
+DuckDB reads a SQLite store through its sqlite extension, which carries its own copy of
+the SQLite library. Two SQLite libraries must never open the same file in one process:
+POSIX advisory locks belong to the process, so when DuckDB's copy closes the file it
+drops the locks this process's own connections still hold. The next process to close
+the store then believes it is the last user, checkpoints and deletes the WAL under our
+live writer, whose later commits go to a deleted file: acknowledged rollouts are lost
+(issue 18, item 1). SQLite's documentation warns of exactly this ("How To Corrupt An
+SQLite Database File", section 2.2).
+
+So DuckDB's work on a live SQLite store runs in a child process (started with `spawn`:
+it inherits no descriptors, locks or threads from us) that holds nothing but read-only
+handles: its locks are its own, and closing them harms no one. Results come back
+pickled (Arrow tables pickle as Arrow IPC). PostgreSQL is a network peer, so its DuckDB
+runs in this process. Either way one DuckDB per store is kept open per process: loading
+the extension and creating the views costs more than most reports; each call reads
+fresh data.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from sqlalchemy.engine import URL
+
+from tracestore.db.engine import normalize_url
+
+if TYPE_CHECKING:
+    from tracestore.reports.connection import Analytics
+    from tracestore.reports.export import ExportSummary
+    from tracestore.reports.filters import Filters
+    from tracestore.reports.runner import Result
+
+T = TypeVar("T")
+
+# Where to find sqlite_scanner/postgres_scanner .duckdb_extension files instead of the
+# PyPI packages' (e.g. binaries vendored by an operator); also how tests force the
+# SQLAlchemy fallback. Read by the API and the CLI alike.
+EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
+# Child processes for live SQLite analytics; two let a long report not hold up a short one.
+WORKERS = 2
+
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
+# (url, extension_dir) -> the DuckDB kept open for that store in this process.
+_sessions: dict[tuple[str, str | None], Analytics] = {}
+_sessions_lock = threading.Lock()
+
+
+def extension_dir_from_env() -> Path | None:
+    """The extension directory named by TRACESTORE_DUCKDB_EXTENSION_DIR, if any."""
+    value = os.environ.get(EXTENSION_DIR_ENV)
+    return Path(value) if value else None
+
+
+def report(url: str | URL, name: str, filters: Filters) -> Result:
+    """Run the named report over the live store at `url`."""
+    return _dispatch(url, _report, name, filters)
+
+
+def query(url: str | URL, sql: str) -> Result:
+    """Run one ad-hoc SELECT over the live store at `url` (read-only)."""
+    return _dispatch(url, _query, sql)
+
+
+def export(
+    url: str | URL, out: Path, filters: Filters, *, schema_revision: str | None = None
+) -> ExportSummary:
+    """Write a Parquet snapshot of the live store at `url` into `out`."""
+    return _dispatch(url, _export, out, filters, schema_revision)
+
+
+# --- where the work runs ------------------------------------------------------------------
+
+
+def _dispatch(url: str | URL, fn: Callable[..., T], *args: object) -> T:
+    parsed = normalize_url(url)
+    text = parsed.render_as_string(hide_password=False)
+    ext = extension_dir_from_env()
+    ext_text = str(ext) if ext is not None else None
+    if parsed.get_backend_name() != "sqlite":
+        return fn(text, ext_text, *args)
+    return _in_child(fn, text, ext_text, *args)
+
+
+def _in_child(fn: Callable[..., T], *args: object) -> T:
+    from tracestore.reports.connection import AnalyticsError
+
+    for attempt in (1, 2):
+        pool = _worker_pool()
+        try:
+            return pool.submit(fn, *args).result()
+        except BrokenProcessPool:
+            # A child died (killed, out of memory): start new ones and try once more.
+            _reset_pool(pool)
+            if attempt == 2:
+                raise AnalyticsError(
+                    "the analytics process died while reading the store; try again"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def _worker_pool() -> ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(
+                max_workers=WORKERS,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_child_init,
+            )
+        return _pool
+
+
+def _reset_pool(broken: ProcessPoolExecutor) -> None:
+    global _pool
+    with _pool_lock:
+        if _pool is broken:
+            _pool = None
+    broken.shutdown(wait=False, cancel_futures=True)
+
+
+def shutdown() -> None:
+    """Stop the analytics child processes and close this process's DuckDB sessions."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+    with _sessions_lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for session in sessions:
+        session.close()
+
+
+atexit.register(shutdown)
+
+
+def _child_init() -> None:
+    from tracestore.reports.connection import allow_sqlite_attach
+
+    allow_sqlite_attach()
+
+
+# --- the work itself (in this process for PostgreSQL, in a child for SQLite) --------------
+
+
+def _cursor(url: str, ext: str | None, *, fresh: bool = False) -> Analytics:
+    """A cursor on the store's kept DuckDB (opened now when absent, or when `fresh`)."""
+    from sqlalchemy.pool import NullPool
+
+    from tracestore.db.engine import create_engine
+    from tracestore.reports.connection import open_live
+
+    key = (url, ext)
+    with _sessions_lock:
+        session = _sessions.pop(key, None) if fresh else _sessions.get(key)
+        if fresh and session is not None:
+            session.close()
+            session = None
+        if session is None:
+            # NullPool: no connection of ours stays open on the store between reads.
+            engine = create_engine(url, poolclass=NullPool)
+            extension_dir = Path(ext) if ext is not None else None
+            session = _sessions[key] = open_live(engine, extension_dir=extension_dir)
+        # Made under the lock: the shared connection object is not used by two threads.
+        return session.cursor()
+
+
+def _report(url: str, ext: str | None, name: str, filters: Filters) -> Result:
+    from tracestore.reports.catalog import get_report
+    from tracestore.reports.connection import AnalyticsError
+    from tracestore.reports.runner import run_report
+
+    chosen = get_report(name)
+    try:
+        with _cursor(url, ext) as analytics:
+            return run_report(analytics, chosen, filters)
+    except AnalyticsError:
+        # The kept connection may have gone stale (a restarted database, a replaced
+        # file): a new one answers, or fails for a reason worth reporting.
+        with _cursor(url, ext, fresh=True) as analytics:
+            return run_report(analytics, chosen, filters)
+
+
+def _query(url: str, ext: str | None, sql: str) -> Result:
+    from tracestore.reports.runner import run_sql
+
+    with _cursor(url, ext) as analytics:
+        return run_sql(analytics, sql)
+
+
+def _export(
+    url: str, ext: str | None, out: Path, filters: Filters, schema_revision: str | None
+) -> ExportSummary:
+    from sqlalchemy.pool import NullPool
+
+    from tracestore.db.engine import create_engine
+    from tracestore.reports.export import export_snapshot
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        return export_snapshot(
+            engine,
+            out,
+            filters,
+            extension_dir=Path(ext) if ext is not None else None,
+            schema_revision=schema_revision,
+        )
+    finally:
+        engine.dispose()
