@@ -24,7 +24,7 @@ import orjson
 from tracestore.convert import trace_to_trajectories, trajectories_to_trace
 from tracestore.wire.trace import classify_trace
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "shared" / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 DEFAULT = Path(os.environ.get("TRACESTORE_EXAMPLES_DIR", EXAMPLES_DIR)) / "rollouts.jsonl"
 
 

@@ -15,7 +15,7 @@ import orjson
 
 from tracestore.drift import compare_rollout
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "shared" / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 DEFAULT = Path(os.environ.get("TRACESTORE_EXAMPLES_DIR", EXAMPLES_DIR)) / "rollouts.jsonl"
 
 

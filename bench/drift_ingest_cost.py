@@ -41,9 +41,7 @@ from tracestore.drift.compare import compare_rollout
 from tracestore.drift.store import drift_rows, reproduction, write_drift_many
 
 EXAMPLES = Path(
-    os.environ.get(
-        "TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[2] / "shared" / "examples"
-    )
+    os.environ.get("TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[1] / "examples")
 )
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

@@ -28,9 +28,7 @@ from tracestore.db.engine import create_engine
 from tracestore.ingest.service import ingest_bytes
 
 EXAMPLES = Path(
-    os.environ.get(
-        "TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[2] / "shared" / "examples"
-    )
+    os.environ.get("TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[1] / "examples")
 )
 
 

@@ -31,9 +31,7 @@ from tracestore.settings import Settings
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EXAMPLES = Path(
-    os.environ.get(
-        "TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[2] / "shared" / "examples"
-    )
+    os.environ.get("TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[1] / "examples")
 )
 
 _pg_problem: str | None = None
@@ -291,7 +289,7 @@ def http(server: LiveServer, engine: Engine) -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class Example:
-    """One line of shared/examples: raw bytes, parsed document, label."""
+    """One line of examples/rollouts.jsonl: raw bytes, parsed document, label."""
 
     line: int
     raw: bytes

@@ -31,9 +31,7 @@ from tracestore.wire.trace import time_step_tool_calls
 # --------------------------------------------------------------------------- examples
 
 EXAMPLES_DIR = Path(
-    os.environ.get(
-        "TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[3] / "shared" / "examples"
-    )
+    os.environ.get("TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[2] / "examples")
 )
 REPEAT_KINDS = ("retry", "conflict")
 
