@@ -12,10 +12,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON_BIN" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
-# Reinstall when pyproject.toml changed since the last install.
-if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-  echo "installing tracestore${EXTRAS} into $VENV" >&2
-  "$VENV/bin/python" -m pip install --quiet -e "$ROOT$EXTRAS"
+# Reinstall when pyproject.toml (the server's or the client's) changed since the last install.
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] \
+  || [ "$ROOT/client/pyproject.toml" -nt "$stamp" ]; then
+  echo "installing tracestore-client and tracestore${EXTRAS} into $VENV" >&2
+  # The server depends on tracestore-client (client/): both in one pip run, the client
+  # first, so that dependency is this checkout's client and no index is asked for it.
+  "$VENV/bin/python" -m pip install --quiet -e "$ROOT/client" -e "$ROOT$EXTRAS"
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
