@@ -54,12 +54,15 @@ def count_pending(engine: Engine) -> int:
 
 
 def _convert_one(conn: Connection, run_pk: int, run_id: str, result: BackfillResult) -> None:
-    body, encoding = conn.execute(
-        select(RunDocument.body, RunDocument.encoding).where(RunDocument.run_pk == run_pk)
+    body, encoding, received_at = conn.execute(
+        select(RunDocument.body, RunDocument.encoding, Run.received_at)
+        .join(Run, Run.id == RunDocument.run_pk)
+        .where(RunDocument.run_pk == run_pk)
     ).one()
     doc = orjson.loads(decompress_document(body, encoding))
     try:
-        conversion = trajectories_to_trace(doc)
+        # The receive time stands in for a creation time, as on a served read: the two agree.
+        conversion = trajectories_to_trace(doc, created_at=received_at.isoformat())
         rows = project_trace_document(conversion.data)
     except Exception as exc:
         # A document the converter cannot handle is reported, and the batch goes on; it

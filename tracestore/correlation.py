@@ -46,6 +46,21 @@ def cid_from_url(url: object) -> str | None:
     return _cid_in_query(url)
 
 
+def lookup_forms(cid: str) -> list[str]:
+    """The ids a look-up by `cid` tries, in order: `cid`, then the id it names in a URL.
+
+    synth-ai's own extractor (`extract_trace_correlation_id`) keeps the path that a
+    malformed URL put in the query (`?cid=trace_x/v1/chat/completions` gives
+    `trace_x/v1/chat/completions`), and debuggers copy the id the SDK logged; tracestore
+    stores what the value names before the `/` (`trace_x`), so that is tried next.
+    """
+    forms = [cid]
+    repaired = clean_cid(cid.split("/", 1)[0])
+    if repaired is not None and repaired != cid:
+        forms.append(repaired)
+    return forms
+
+
 # Every step of a rollout repeats its trajectory's URL, and a rollout's cids are read twice
 # (projection and the drift check): parse each distinct URL once.
 @lru_cache(maxsize=4096)

@@ -43,3 +43,12 @@ def normalize_tool_calls(calls: object) -> list[dict[str, Any]]:
     if not isinstance(calls, list):
         return []
     return [normalize_tool_call(c) for c in calls]
+
+
+def trajectory_tool_call(call: object) -> dict[str, Any]:
+    """One tool call in the shape producers' trajectories carry: `{"tool_name", "arguments"}`.
+
+    Arguments sent as a JSON string come back as the object it encodes.
+    """
+    normalized = normalize_tool_call(call)
+    return {"tool_name": normalized["name"], "arguments": normalized["arguments"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 import orjson
 
@@ -84,3 +85,25 @@ def test_lookup_by_url_cid_of_every_example(http: Any, examples: list[Example]) 
             continue
         runs = http.get(f"/v1/correlations/{cid}").json()["runs"]
         assert ex.label["run_id"] in {r["run_id"] for r in runs}
+
+
+def test_the_id_synth_ai_logs_for_a_malformed_url_finds_the_run(
+    http: Any, examples: list[Example]
+) -> None:
+    # `?cid=trace_x/v1/chat/completions`: synth-ai's extract_trace_correlation_id keeps
+    # the path (it logs `trace_x/v1/chat/completions`); tracestore stores `trace_x`.
+    malformed = [e for e in examples if e.label.get("url_style") == "malformed"]
+    assert malformed
+    for ex in malformed:
+        assert http.post("/v1/rollouts", content=ex.raw).status_code in (200, 201)
+        url = ex.doc["pipeline_metadata"]["inference_url"]
+        logged = parse_qs(urlsplit(url).query)["cid"][0].strip()
+        cid = ex.label["correlation_id"]
+        assert logged == f"{cid}/v1/chat/completions"
+        response = http.get(f"/v1/correlations/{quote(logged, safe='')}")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert (body["correlation_id"], body["matched_correlation_id"]) == (logged, cid)
+        assert ex.label["run_id"] in {r["run_id"] for r in body["runs"]}
+    # An id that names nothing stays a 404, with or without a path.
+    assert http.get(f"/v1/correlations/{quote('trace_nobody/v1/x', safe='')}").status_code == 404

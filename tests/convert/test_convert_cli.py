@@ -28,13 +28,17 @@ def test_to_trace_then_back_gives_the_trajectories(tmp_path: Path, examples: lis
         str(traced),
         "--losses",
         str(losses),
+        "--replace",
     )
     assert done.returncode == 0, done.stderr
-    assert f"{len(examples)} converted" in done.stderr
+    # Trace-only rollouts have no steps to make a trace of: their own trace is kept.
+    with_steps = [ex for ex in examples if any(t["steps"] for t in ex.doc["trajectories"])]
+    assert f"{len(with_steps)} converted" in done.stderr
+    assert f"{len(examples) - len(with_steps)} kept as sent" in done.stderr
     lines = gzip.decompress(traced.read_bytes()).splitlines()
     assert len(lines) == len(examples) == len(losses.read_text().splitlines())
     back = tmp_path / "back.jsonl"
-    done = _run("convert", "to-trajectories", str(traced), "-o", str(back))
+    done = _run("convert", "to-trajectories", str(traced), "-o", str(back), "--replace")
     assert done.returncode == 0, done.stderr
     for ex, line in zip(examples, back.read_text().splitlines(), strict=True):
         if ex.doc["trajectories"]:
@@ -50,9 +54,29 @@ def test_to_stdout_and_invalid_lines(tmp_path: Path, examples: list[Example]) ->
     out = done.stdout.splitlines()
     assert len(out) == 1
     assert json.loads(out[0])["run_id"] == examples[0].label["run_id"]
-    assert "1 converted" in done.stderr
+    # The example has a trace: kept as sent, and the summary says how to replace it.
+    assert "0 converted" in done.stderr
+    assert "1 kept as sent" in done.stderr
+    assert "--replace" in done.stderr
     assert "2 invalid" in done.stderr
     assert f"{source}:2" in done.stderr
+
+
+def test_by_default_only_missing_parts_are_filled(tmp_path: Path, examples: list[Example]) -> None:
+    out = tmp_path / "out.jsonl"
+    done = _run("convert", "to-trace", str(EXAMPLES / "rollouts.jsonl"), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    missing = [ex for ex in examples if ex.doc.get("trace") in (None, {})]
+    assert missing
+    assert f"{len(missing)} converted" in done.stderr
+    assert f"{len(examples) - len(missing)} kept as sent" in done.stderr
+    for ex, line in zip(examples, out.read_text().splitlines(), strict=True):
+        written = json.loads(line)
+        if ex in missing:
+            assert written["trace"]["session_time_steps"], ex.label["run_id"]
+            assert written["trace"]["created_at"] is not None  # the file's time
+        else:
+            assert written == ex.doc  # what the producer sent, untouched
 
 
 def test_help() -> None:

@@ -85,6 +85,9 @@ def test_convert_does_not_store(http: httpx.Client, examples: list[Example]) -> 
     assert body["document"]["trajectories"] == legacy.doc["trajectories"]
     assert body["provenance"]["source_sha256"] == source_sha256(legacy.doc)
     assert body["method"] == "trajectories"
+    assert (body["action"], body["lossless"], body["warnings"]) == ("filled", True, [])
+    # Not stored: the request's time stands in for the trace's creation time.
+    assert body["document"]["trace"]["created_at"] is not None
     assert http.get(f"/v1/rollouts/{legacy.label['run_id']}").status_code == 404
 
     only_trace = next(e for e in examples if e.label["kind"] == "trace_only")
@@ -92,6 +95,33 @@ def test_convert_does_not_store(http: httpx.Client, examples: list[Example]) -> 
     assert len(body["document"]["trajectories"][0]["steps"]) == only_trace.label["n_steps"]
     assert any(loss["path"].endswith(".info") for loss in body["losses"])
     assert body["lossless"] is False
+
+
+def test_convert_never_replaces_real_data_with_nothing(
+    http: httpx.Client, examples: list[Example]
+) -> None:
+    # Trajectories beside a summary trace: the trace gives none; the real ones stay.
+    summary = next(e for e in examples if e.label.get("trace_kind") == "summary")
+    for params in ({"to": "trajectories"}, {"to": "trajectories", "replace": "true"}):
+        body = http.post("/v1/convert", params=params, content=summary.raw).json()
+        assert body["document"]["trajectories"] == summary.doc["trajectories"] != []
+        assert body["action"] == "kept"
+        assert body["warnings"]
+    # A trace-only rollout: to=trace keeps its trace, replace or not.
+    only_trace = next(e for e in examples if e.label["kind"] == "trace_only")
+    for params in ({"to": "trace"}, {"to": "trace", "replace": "true"}):
+        body = http.post("/v1/convert", params=params, content=only_trace.raw).json()
+        assert body["document"]["trace"] == only_trace.doc["trace"]
+        assert body["action"] == "kept"
+    # replace=true with something to put in place: replaced, and the report says so.
+    crafter = next(
+        e for e in examples if e.label["kind"] == "crafter" and e.label.get("trace_kind") == "full"
+    )
+    body = http.post("/v1/convert", params={"to": "trace", "replace": "true"}, content=crafter.raw)
+    report = body.json()
+    assert report["action"] == "replaced"
+    assert report["lossless"] is False
+    assert any(loss["kind"] == "replaced" for loss in report["losses"])
 
 
 @pytest.mark.parametrize(

@@ -75,11 +75,27 @@ def test_summary_trace_is_dual_but_cannot_reproduce(examples: list[Example]) -> 
     assert result.converter_version is None  # no conversion was attempted
 
 
-def test_trace_without_observations_does_not_reproduce(examples: list[Example]) -> None:
-    # The Sokoban producer's wrapped trace has no system_state_before: no drift (SPEC §6
-    # compares obs only when the event has one), but its trajectories cannot come back.
+def test_observation_messages_reproduce_the_obs(examples: list[Example]) -> None:
+    # The Sokoban producer's wrapped trace has no system_state_before: its observations are
+    # `observation` messages, which give the trajectories' obs back.
     doc = clean_example(examples, "sokoban", "wrapped")
     rows = drift_rows(doc)
+    assert rows.findings == []
+    assert (rows.check["reproduces"], rows.check["reproduce_gap"]) == (True, None)
+
+
+def test_trace_without_observations_does_not_reproduce(examples: list[Example]) -> None:
+    doc = copy.deepcopy(clean_example(examples, "sokoban", "wrapped"))
+    session = doc["trace"]["session_trace"]
+    for step in session["session_time_steps"]:
+        step["markov_blanket_messages"] = [
+            m for m in step["markov_blanket_messages"] if m["message_type"] != "observation"
+        ]
+    session["markov_blanket_message_history"] = [
+        m for m in session["markov_blanket_message_history"] if m["message_type"] != "observation"
+    ]
+    rows = drift_rows(doc)
+    # No observation anywhere in the trace: nothing to compare (no drift), nothing to give back.
     assert rows.findings == []
     assert (rows.check["reproduces"], rows.check["reproduce_gap"]) == (False, "obs")
 

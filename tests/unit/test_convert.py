@@ -18,14 +18,13 @@ from tracestore.convert import (
     CONVERTER_VERSION,
     PROVENANCE_KEY,
     Conversion,
-    LossEntry,
     convert_document,
     source_sha256,
     trace_to_trajectories,
     trajectories_to_trace,
 )
 from tracestore.drift import compare_rollout
-from tracestore.toolcalls import normalize_tool_calls
+from tracestore.toolcalls import normalize_tool_calls, trajectory_tool_call
 from tracestore.wire.trace import classify_trace, infer_event_type, view_trace
 
 # --------------------------------------------------------------------------- examples
@@ -191,14 +190,14 @@ def test_wrapped_hand_built_trace(i: int, doc: dict[str, Any], label: Any) -> No
     (traj,) = conv.data
     stored = doc["trajectories"][0]["steps"]
     for got, want in zip(traj["steps"], stored, strict=True):
-        assert {k: v for k, v in _view(got).items() if k != "obs"} == {
-            k: v for k, v in _view(want).items() if k != "obs"
-        }
-        # This producer keeps the step's info in the event metadata: recovered, not lost.
-        assert got["info"] == want["info"]
-        assert got["obs"] == {}  # no system_state_before: a stand-in, listed below
+        # Observations come from the `observation` messages (no system_state_before here).
+        assert _view(got) == _view(want)
+        # This producer keeps the step's info in the event metadata: recovered, not lost,
+        # with the meta a trainer reads added (inference URL from the envelope).
+        assert {k: v for k, v in got["info"].items() if k != "meta"} == want["info"]
+        assert got["info"]["meta"]["inference_url"] == traj["inference_url"] != ""
     paths = {(e.path, e.kind) for e in conv.losses}
-    assert ("trajectories[0].steps[*].obs", "lost") in paths
+    assert not any(e.path.endswith(".obs") for e in conv.losses)
     assert not any(e.path.endswith(".info") for e in conv.losses)
     assert traj["env_id"] == "sokoban"  # from metadata.env_name
     assert ("trajectories[0].env_id", "default") in paths
@@ -222,7 +221,7 @@ def test_produced_trace_has_the_producer_shape(i: int, doc: dict[str, Any], labe
         sid = placed.item["metadata"]["step_id"]
         assert view.time_steps[placed.step_position]["step_id"] == sid
     envs = list(view.environment_events())
-    assert len(envs) == len(view.events) == len(steps)
+    assert len(envs) == len(steps)
     for k, (time_step, event, step) in enumerate(zip(view.time_steps, envs, steps, strict=True)):
         assert time_step["step_id"] == f"decision_{k}"
         assert time_step["step_index"] == k
@@ -231,11 +230,39 @@ def test_produced_trace_has_the_producer_shape(i: int, doc: dict[str, Any], labe
         assert event["reward"] == float(step["reward"] or 0)
         assert event["terminated"] is bool(step["done"])
         assert event["truncated"] is bool(step["truncated"])
-        (message,) = time_step["markov_blanket_messages"]
-        assert message["metadata"]["is_tool_call"] is True
-        payload = message["content"]["json_payload"]
+        # A user message (the observation stands in for the prompt), then the tool calls.
+        user, assistant = time_step["markov_blanket_messages"]
+        prompt = orjson.loads(user["content"]["json_payload"])
+        obs = step["obs"]
+        text = obs["text"] if isinstance(obs.get("text"), str) else orjson.dumps(obs).decode()
+        assert prompt == {"role": "user", "content": text}
+        assert user["metadata"]["tracestore_stand_in"] == "obs"
+        assert assistant["metadata"]["is_tool_call"] is True
+        payload = assistant["content"]["json_payload"]
         assert isinstance(payload, str)
-        assert orjson.loads(payload) == {"role": "assistant", "tool_calls": step["tool_calls"]}
+        # Arguments are JSON text in a trace, written as the producer writes them.
+        expected = [
+            {**c, "arguments": json.dumps(c["arguments"])}
+            if isinstance(c.get("arguments"), dict)
+            else c
+            for c in step["tool_calls"]
+        ]
+        assert orjson.loads(payload) == {"role": "assistant", "tool_calls": expected}
+        assert normalize_tool_calls(expected) == normalize_tool_calls(step["tool_calls"])
+        # The LM call the step's info.meta describes: its usage and timing.
+        lm_events = [e for e in time_step["events"] if infer_event_type(e) == "lm_call"]
+        meta = (step.get("info") or {}).get("meta") or {}
+        usage = meta.get("usage") or {}
+        if usage or "inference_ms" in meta:
+            (lm,) = lm_events
+            assert lm["input_tokens"] == usage.get("prompt_tokens")
+            assert lm["output_tokens"] == usage.get("completion_tokens")
+            assert lm["total_tokens"] == usage.get("total_tokens")
+            assert lm["latency_ms"] == meta.get("inference_ms")
+        else:
+            assert lm_events == []
+    assert trace["metadata"]["env_name"] == doc["trajectories"][0]["env_id"]
+    assert trace["metadata"]["policy_name"] == doc["trajectories"][0]["policy_id"]
     for traj_steps, traj in [(t["steps"], t) for t in doc["trajectories"]]:
         if traj_steps:
             first = steps.index(traj_steps[0]) if traj_steps else 0
@@ -246,7 +273,7 @@ def test_produced_trace_has_the_producer_shape(i: int, doc: dict[str, Any], labe
 
 @pytest.mark.parametrize(("i", "doc", "label"), WITH_TRAJECTORIES, ids=_ids(WITH_TRAJECTORIES))
 def test_produced_trace_shows_no_drift(i: int, doc: dict[str, Any], label: Any) -> None:
-    new_doc, _ = convert_document(doc, to="trace")
+    new_doc, _ = convert_document(doc, to="trace", replace=True)
     comparison = compare_rollout(new_doc)
     assert comparison.comparable
     assert not comparison.kinds & PER_STEP_FINDINGS
@@ -265,7 +292,7 @@ def test_produced_trace_read_as_a_producer_trace(i: int, doc: dict[str, Any], la
 
 @pytest.mark.parametrize(("i", "doc", "label"), FULL_OR_WRAPPED, ids=_ids(FULL_OR_WRAPPED))
 def test_converted_trajectories_show_no_drift(i: int, doc: dict[str, Any], label: Any) -> None:
-    new_doc, _ = convert_document(doc, to="trajectories")
+    new_doc, _ = convert_document(doc, to="trajectories", replace=True)
     comparison = compare_rollout(new_doc)
     assert comparison.comparable
     assert not comparison.kinds & PER_STEP_FINDINGS
@@ -279,7 +306,17 @@ def test_created_at_is_taken_from_the_document_and_deterministic() -> None:
     legacy = {**doc, "trace": None}
     conv = trajectories_to_trace(legacy)
     assert conv.data["created_at"] is None
-    assert LossEntry("trace.created_at", "default", conv.losses[0].detail) in conv.losses
+    assert "trace.created_at" in {e.path for e in conv.losses if e.kind == "missing"}
+    # Nothing of the source is lost: an absent creation time does not make it lossy.
+    assert conv.lossless
+    given = trajectories_to_trace(legacy, created_at="2025-11-20T12:00:00+00:00")
+    assert given.data["created_at"] == "2025-11-20T12:00:00+00:00"
+    assert "trace.created_at" in {e.path for e in given.losses if e.kind == "stand_in"}
+    # The document's own creation time wins over a given one.
+    assert (
+        trajectories_to_trace(doc, created_at="2000-01-01").data["created_at"]
+        == (doc["trace"]["created_at"])
+    )
     wrapped = {**doc, "trace": {"session_trace": {"created_at": "2025-11-20 11:59:59+00:00"}}}
     assert trajectories_to_trace(wrapped).data["created_at"] == "2025-11-20 11:59:59+00:00"
     garbage = {**doc, "trace": {"created_at": "not a date", "events_count": 0}}
@@ -424,7 +461,8 @@ def test_absent_and_odd_keys_survive() -> None:
     doc = _doc(_traj(1), odd, "not a trajectory", _traj(1, steps=["not a step"]))
     trace = trajectories_to_trace(doc).data
     first_odd = trace["session_time_steps"][1]
-    assert first_odd["markov_blanket_messages"] == []  # no tool_calls key: no message
+    # No tool_calls key: no assistant message, only the observation's user message.
+    assert [m["message_type"] for m in first_odd["markov_blanket_messages"]] == ["user"]
     assert first_odd["events"][0]["terminated"] is True
     back = _round_trip(doc)
     assert "tool_calls" not in back.data[1]["steps"][0]
@@ -434,8 +472,10 @@ def test_absent_and_odd_keys_survive() -> None:
 def test_arguments_beyond_64_bits_survive() -> None:
     doc = _doc(_traj(1, steps=[_step(0, tool_calls=[{"tool": "t", "args": {"n": 2**70}}])]))
     trace = trajectories_to_trace(doc).data
-    payload = trace["markov_blanket_message_history"][0]["content"]["json_payload"]
-    assert str(2**70) in payload
+    (assistant,) = [
+        m for m in trace["markov_blanket_message_history"] if m["message_type"] == "assistant"
+    ]
+    assert str(2**70) in assistant["content"]["json_payload"]
     _round_trip(doc)
 
 
@@ -505,7 +545,9 @@ def test_tool_call_sources_in_spec_order() -> None:
     trace = {"session_time_steps": steps, "event_history": [], "metadata": {"env_id": "e"}}
     conv = trace_to_trajectories(trace)
     got = [s["tool_calls"] for s in conv.data[0]["steps"]]
-    assert got == [msg, rec, meta, []]  # an empty message list falls through
+    # One shape whatever the source's dialect; an empty message list falls through.
+    assert got == [[trajectory_tool_call(c) for c in x] for x in (msg, rec, meta, [])]
+    assert got[1] == [{"tool_name": "from_record", "arguments": {}}]
     defaults = {e.path: e for e in conv.losses if e.kind == "default"}
     assert defaults["trajectories[0].steps[*].tool_calls"].steps == (3,)
     assert conv.data[0]["steps"][0]["reward"] == 1.0
@@ -538,7 +580,13 @@ def test_bare_trace_uses_the_envelope_argument() -> None:
     assert any(e.path == "trajectories[0].inference_url" for e in bare.losses)
     with_env = trace_to_trajectories(doc["trace"], envelope=doc)
     assert with_env.data[0]["trace_correlation_id"] == label["correlation_id"]
-    assert with_env.data[0]["steps"] == bare.data[0]["steps"]
+    url = with_env.data[0]["inference_url"]
+    assert url == doc["pipeline_metadata"]["inference_url"]
+    for plain, enveloped in zip(bare.data[0]["steps"], with_env.data[0]["steps"], strict=True):
+        # The envelope lends each step's info.meta its inference URL; nothing else differs.
+        assert "inference_url" not in plain["info"]["meta"]
+        assert enveloped["info"]["meta"].pop("inference_url") == url
+        assert enveloped == plain
 
 
 def test_trace_without_environment_events() -> None:
@@ -556,19 +604,59 @@ def test_trace_without_environment_events() -> None:
 def test_convert_document_both_ways_without_touching_the_input() -> None:
     _, doc, _ = CLEAN_CRAFTER[0]
     before = source_sha256(doc)
-    with_trace, conv = convert_document(doc, to="trace")
+    with_trace, conv = convert_document(doc, to="trace", replace=True)
     assert with_trace["trace"] is conv.data
     assert with_trace["trajectories"] is doc["trajectories"]
+    assert conv.action == "replaced"
     assert any(e.kind == "replaced" and e.path == "trace" for e in conv.losses)
     again, back = convert_document({**with_trace, "trajectories": []}, to="trajectories")
-    assert back.method == "carry"
+    assert (back.method, back.action) == ("carry", "filled")
     assert again["trajectories"] == doc["trajectories"]
     assert not any(e.kind == "replaced" for e in back.losses)
-    _, replaced = convert_document(doc, to="trajectories")
+    _, replaced = convert_document(doc, to="trajectories", replace=True)
     assert any(e.kind == "replaced" and e.path == "trajectories" for e in replaced.losses)
     assert source_sha256(doc) == before
     with pytest.raises(ValueError, match="unknown conversion target"):
         convert_document(doc, to="parquet")
+
+
+@pytest.mark.parametrize("to", ["trace", "trajectories"])
+def test_by_default_a_part_the_document_has_is_kept(to: str) -> None:
+    _, doc, _ = CLEAN_CRAFTER[0]
+    new_doc, conv = convert_document(doc, to=to)
+    assert new_doc == doc
+    assert new_doc[to] is doc[to]
+    assert (conv.action, conv.method, conv.losses) == ("kept", "none", [])
+    assert "kept as sent" in conv.warnings[0]
+    assert conv.report()["warnings"] == list(conv.warnings)
+
+
+def test_a_conversion_that_gives_nothing_never_replaces_a_real_part() -> None:
+    # Trajectories with a summary trace: the trace gives no trajectories, replace or not.
+    _, summary_doc, _ = next(x for x in ALL if x[2].get("trace_kind") == "summary")
+    for replace in (False, True):
+        new_doc, conv = convert_document(summary_doc, to="trajectories", replace=replace)
+        assert new_doc["trajectories"] == summary_doc["trajectories"] != []
+        assert conv.action == "kept"
+    # A trace-only rollout: its empty trajectories make no trace; its real one is kept.
+    _, trace_only, _ = TRACE_ONLY[0]
+    new_doc, conv = convert_document(trace_only, to="trace", replace=True)
+    assert new_doc["trace"] is trace_only["trace"]
+    assert conv.action == "kept"
+    assert "no steps" in conv.warnings[0]
+    # Filling a missing part from a source with nothing: empty, and said.
+    legacy_empty = {**trace_only, "trace": None}
+    filled, conv = convert_document(legacy_empty, to="trace")
+    assert filled["trace"]["session_time_steps"] == []
+    assert (conv.action, bool(conv.warnings)) == ("filled", True)
+
+
+def test_a_legacy_only_rollout_converts_losslessly() -> None:
+    _, doc, _ = next(x for x in ALL if x[2]["kind"] == "legacy_only")
+    new_doc, conv = convert_document(doc, to="trace", created_at="2025-11-20T12:00:00+00:00")
+    assert conv.action == "filled"
+    assert conv.lossless, conv.report()["losses"]
+    assert new_doc["trace"]["created_at"] == "2025-11-20T12:00:00+00:00"
 
 
 @pytest.mark.parametrize(("i", "doc", "label"), ALL[:12], ids=_ids(ALL[:12]))
@@ -580,3 +668,58 @@ def test_converters_do_not_mutate_their_input(i: int, doc: dict[str, Any], label
     trace_to_trajectories(trace)
     assert orjson.dumps(doc) == before
     assert orjson.dumps(trace) == trace_bytes
+
+
+def test_a_kept_model_request_gives_the_real_prompts_and_call_record() -> None:
+    # The grpo-crafter task app keeps each step's model request and raw response in info.
+    meta = {
+        "inference_url": "http://h/v1/chat/completions?cid=c1",
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        "inference_ms": 12,
+        "inference_request": {
+            "messages": [
+                {"role": "system", "content": "You play Crafter."},
+                {"role": "user", "content": [{"type": "text", "text": "You see grass."}]},
+            ]
+        },
+        "raw_response": {
+            "id": "chatcmpl-1",
+            "model": "qwen-stub",
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_0",
+                                "type": "function",
+                                "function": {"name": "act", "arguments": '{"a": 1}'},
+                            }
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+        },
+    }
+    doc = _doc(_traj(1, steps=[_step(0, info={"meta": meta})]))
+    conv = trajectories_to_trace(doc)
+    (time_step,) = conv.data["session_time_steps"]
+    kinds = [m["message_type"] for m in time_step["markov_blanket_messages"]]
+    assert kinds == ["system", "user", "assistant"]
+    user = orjson.loads(time_step["markov_blanket_messages"][1]["content"]["json_payload"])
+    assert user == {"role": "user", "content": "You see grass."}
+    (lm,) = [e for e in time_step["events"] if infer_event_type(e) == "lm_call"]
+    assert (lm["model_name"], lm["input_tokens"], lm["latency_ms"]) == ("qwen-stub", 7, 12)
+    (record,) = lm["call_records"]
+    assert record["output_tool_calls"] == [
+        {"name": "act", "arguments_json": '{"a": 1}', "call_id": "call_0", "index": 0}
+    ]
+    assert [m["role"] for m in record["input_messages"]] == ["system", "user"]
+    assert conv.data["metadata"]["model"] == "qwen-stub"
+    # The prompts are real: no stand-in entry; the round trip is still exact.
+    assert not any(e.kind == "stand_in" for e in conv.losses)
+    assert conv.lossless
+    assert trace_to_trajectories(conv.data).data == doc["trajectories"]

@@ -197,7 +197,7 @@ def test_round_trip_law(doc: dict[str, Any]) -> None:
     with contextlib.suppress(TypeError):  # an int beyond 64 bits: the stdlib fallback
         assert canonical_json(doc) == orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
     # What the API does: convert the document, serialize, parse, convert back.
-    with_trace, _ = convert_document(doc, to="trace")
+    with_trace, _ = convert_document(doc, to="trace", replace=True)
     parsed = json.loads(json.dumps(with_trace, ensure_ascii=False))
     again, back_again = convert_document({**parsed, "trajectories": []}, to="trajectories")
     assert back_again.method == "carry"

@@ -99,3 +99,16 @@ def test_examples_match_their_labels() -> None:
         ), ex.label["run_id"]
         checked += 1
     assert checked == 60
+
+
+def test_lookup_forms_read_an_sdk_logged_id_as_tracestore_stores_it() -> None:
+    from tracestore.correlation import lookup_forms
+
+    assert lookup_forms("trace_x") == ["trace_x"]
+    assert lookup_forms("trace_x/v1/chat/completions") == [
+        "trace_x/v1/chat/completions",
+        "trace_x",
+    ]
+    # Nothing usable before the '/': only the id itself.
+    assert lookup_forms("/v1/chat") == ["/v1/chat"]
+    assert lookup_forms(" /x") == [" /x"]

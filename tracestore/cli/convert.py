@@ -8,15 +8,22 @@ import sys
 import time
 from collections import Counter
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Annotated, cast
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
+from tracestore.cli.common import (
+    DbOption,
+    console,
+    err_console,
+    fail,
+    open_store,
+    output_file,
+    reported_errors,
+)
 from tracestore.errors import TracestoreError
-from tracestore.jsontext import dumps
 
 SHOW_PROBLEMS = 20
 _INDEX = re.compile(r"\[\d+\]")
@@ -47,20 +54,32 @@ LossesOption = Annotated[
 def _open_out(path: Path | None, stack: ExitStack) -> IO[bytes]:
     if path is None:
         return sys.stdout.buffer
+    out = stack.enter_context(output_file(path))
     if path.name.endswith(".gz"):
-        zipped = stack.enter_context(gzip.GzipFile(path, "wb"))
+        zipped = stack.enter_context(gzip.GzipFile(filename=path.name, mode="wb", fileobj=out))
         return cast(IO[bytes], zipped)  # a GzipFile is a binary file object
-    return stack.enter_context(path.open("wb"))
+    return out
 
 
-def _convert_file(target: str, path: Path, out: Path | None, losses: Path | None) -> None:
+def _convert_file(
+    target: str, path: Path, out: Path | None, losses: Path | None, replace: bool
+) -> None:
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     from tracestore.convert import convert_document
-    from tracestore.ingest.files import iter_file
+    from tracestore.ingest.files import UnreadableFile, iter_file, stored_size
     from tracestore.ingest.parse import validate_rollout
+    from tracestore.jsontext import dumps
 
     counts: Counter[str] = Counter()
     loss_kinds: Counter[str] = Counter()
     problems: list[str] = []
+    warnings: list[str] = []
+    # A trace made here came to be when its file was written: the file's time stands in
+    # for a creation time the trajectories do not hold (deterministic for a given file).
+    created_at = _file_time(path)
+    unreadable: str | None = None
     steps = 0
     started = time.perf_counter()
     progress = Progress(
@@ -71,16 +90,27 @@ def _convert_file(target: str, path: Path, out: Path | None, losses: Path | None
         console=err_console,
         disable=out is None and not err_console.is_terminal,
     )
-    with ExitStack() as stack, progress:
+    with reported_errors(), ExitStack() as stack, progress:
         sink = _open_out(out, stack)
         report = _open_out(losses, stack) if losses else None
-        task = progress.add_task(path.name, total=path.stat().st_size)
-        for item in iter_file(path, lambda n: progress.update(task, completed=n)):
+        task = progress.add_task(escape(path.name), total=stored_size(path))
+        items = iter_file(path, lambda n: progress.update(task, completed=n))
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            except UnreadableFile as exc:
+                # What was converted before stays written; the summary says what went wrong.
+                unreadable = exc.message
+                break
             try:
                 if isinstance(item.value, TracestoreError):
                     raise item.value
                 doc = validate_rollout(item.value)
-                new_doc, conversion = convert_document(doc, target)
+                new_doc, conversion = convert_document(
+                    doc, target, replace=replace, created_at=created_at
+                )
             except TracestoreError as exc:
                 counts["invalid"] += 1
                 problems.append(f"{item.where}: {exc.message}")
@@ -89,38 +119,88 @@ def _convert_file(target: str, path: Path, out: Path | None, losses: Path | None
             if report is not None:
                 line = {"run_id": doc.get("run_id"), **conversion.report()}
                 report.write(dumps(line) + b"\n")
+            counts[conversion.action] += 1
+            warnings.extend(f"{item.where}: {w}" for w in conversion.warnings)
+            if conversion.action == "kept":
+                continue
             counts["converted"] += 1
             counts["lossless" if conversion.lossless else "with losses"] += 1
             loss_kinds.update(_INDEX.sub("[]", entry.path) for entry in conversion.losses)
             steps += sum(len(t.get("steps") or []) for t in new_doc.get("trajectories") or [])
     elapsed = time.perf_counter() - started
+    if unreadable is not None and not counts:
+        fail(unreadable)  # nothing read: the one line says it all
     err_console.print(
         f"{counts['converted']} converted ({counts['lossless']} lossless, "
-        f"{counts['with losses']} with losses), {counts['invalid']} invalid, "
+        f"{counts['with losses']} with losses; {counts['replaced']} replaced a part the "
+        f"document had), {counts['kept']} kept as sent, {counts['invalid']} invalid, "
         f"{steps} steps in {elapsed:.2f}s",
         highlight=False,
+        soft_wrap=True,
     )
+    for warning in warnings[:SHOW_PROBLEMS]:
+        err_console.print(
+            f"  [yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True
+        )
+    if len(warnings) > SHOW_PROBLEMS:
+        err_console.print(f"  ... and {len(warnings) - SHOW_PROBLEMS} more warnings")
+    if counts["kept"] and not replace:
+        err_console.print(
+            f"  {counts['kept']} rollouts already had a {target} and were written unchanged: "
+            "--replace converts over it",
+            highlight=False,
+            soft_wrap=True,
+        )
     if loss_kinds:
         top = ", ".join(f"{k} x{n}" for k, n in loss_kinds.most_common(8))
-        err_console.print(f"  losses: {top}", highlight=False)
+        err_console.print(f"  losses: {escape(top)}", highlight=False)
     for problem in problems[:SHOW_PROBLEMS]:
-        err_console.print(f"  invalid: {problem}", highlight=False, soft_wrap=True)
+        err_console.print(f"  invalid: {escape(problem)}", highlight=False, soft_wrap=True)
     if len(problems) > SHOW_PROBLEMS:
         err_console.print(f"  ... and {len(problems) - SHOW_PROBLEMS} more")
+    if unreadable is not None:
+        fail(unreadable)
     if problems:
         raise typer.Exit(2)
 
 
+def _file_time(path: Path) -> str | None:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, tz=UTC).isoformat()
+    except OSError:
+        return None  # a pipe or a vanished file: no creation time
+
+
+ReplaceOption = Annotated[
+    bool,
+    typer.Option(
+        "--replace",
+        help="Convert over a part the rollout already has (by default it is kept as sent). "
+        "A conversion that gives nothing never replaces a real part.",
+    ),
+]
+
+
 @convert_app.command("to-trace")
-def to_trace(file: FileArg, output: OutOption = None, losses: LossesOption = None) -> None:
-    """Fill each rollout's `trace` from its trajectories (lossless; round-trips exactly)."""
-    _convert_file("trace", file, output, losses)
+def to_trace(
+    file: FileArg,
+    output: OutOption = None,
+    losses: LossesOption = None,
+    replace: ReplaceOption = False,
+) -> None:
+    """Fill each rollout's missing `trace` from its trajectories (lossless; round-trips exactly)."""
+    _convert_file("trace", file, output, losses, replace)
 
 
 @convert_app.command("to-trajectories")
-def to_trajectories(file: FileArg, output: OutOption = None, losses: LossesOption = None) -> None:
-    """Fill each rollout's `trajectories` from its trace (what a trace lacks is reported)."""
-    _convert_file("trajectories", file, output, losses)
+def to_trajectories(
+    file: FileArg,
+    output: OutOption = None,
+    losses: LossesOption = None,
+    replace: ReplaceOption = False,
+) -> None:
+    """Fill each rollout's missing `trajectories` from its trace (what it lacks is reported)."""
+    _convert_file("trajectories", file, output, losses, replace)
 
 
 def backfill(
@@ -138,11 +218,21 @@ def backfill(
     converted are not touched. Safe alongside live ingest, and on PostgreSQL several
     backfills can run at once (each locks its batch with SKIP LOCKED).
     """
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     from tracestore.backfill import BackfillResult, count_pending
     from tracestore.backfill import backfill as run_backfill
 
     with reported_errors():
-        engine = open_store(db)
+        # A store to backfill must exist: a mistyped path gets an error, not a new file.
+        engine = open_store(db, create_new_sqlite=False)
         pending = count_pending(engine)
         total_runs = pending if limit is None else min(pending, limit)
         started = time.perf_counter()
@@ -169,7 +259,8 @@ def backfill(
         highlight=False,
     )
     for run_id, reason in list(result.failed.items())[:SHOW_PROBLEMS]:
-        console.print(f"  failed: {run_id}: {reason}", highlight=False, soft_wrap=True)
+        line = escape(f"  failed: {run_id}: {reason}")  # text, not markup
+        console.print(line, highlight=False, soft_wrap=True)
     if result.failed:
         fail(f"{len(result.failed)} runs could not be converted (listed above)")
 

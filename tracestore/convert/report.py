@@ -8,9 +8,19 @@ Loss entry kinds:
 
 - `lost`: the value is not in the source, so the output holds a stand-in (`{}`, null, `""`).
 - `default`: the output field holds a default or a coerced value (a null reward written as
-  0.0 in a trace, no tool calls found, ...). In `trajectories_to_trace` the original value is
-  still kept in the legacy carry, so nothing is lost for the way back.
+  0.0, no tool calls found, ...) and the original is not recoverable from it.
 - `replaced`: `convert_document` overwrote a part the document already had.
+- `carried`: the output field holds a default or a coerced value, and the original is kept
+  in the legacy carry (`trajectories_to_trace`): nothing is lost for the way back.
+- `missing`: the target format has a place the source has nothing for (a trace's seed or
+  model when the trajectories name none); the output leaves it null or out.
+- `stand_in`: the output holds a value the source did not have, made from another of its
+  values (the observation as a user prompt) or given by the caller (a creation time).
+  Nothing of the source is lost.
+
+`lossless` is true when no entry is `lost`, `default` or `replaced`: nothing the source
+holds is missing from the output (a trace made from trajectories carries what it has no
+place for, so converting back gives the trajectories exactly).
 
 Per-step entries are grouped: one entry per (trajectory, field, kind, detail), with the path
 `trajectories[t].steps[*].field`, the number of steps affected, and their indices when not
@@ -35,8 +45,12 @@ CARRY_KEY = "tracestore_legacy"
 # Where provenance is embedded: trace metadata, and an undeclared key on each trajectory.
 PROVENANCE_KEY = "tracestore_provenance"
 
-LossKind = Literal["lost", "default", "replaced"]
+LossKind = Literal["lost", "default", "replaced", "stand_in", "carried", "missing"]
+# Kinds that leave the source whole: what was added, kept aside for the way back, or
+# absent from the source in the first place.
+_ADDITIVE: frozenset[str] = frozenset({"stand_in", "carried", "missing"})
 Method = Literal["trajectories", "carry", "trace", "none"]
+Action = Literal["filled", "kept", "replaced"]
 
 T = TypeVar("T")
 
@@ -107,20 +121,27 @@ class Conversion(Generic[T]):
     provenance: Provenance
     # `trajectories`: a trace built from legacy trajectories; `carry`: trajectories rebuilt
     # exactly from a trace we made; `trace`: trajectories read from a producer's trace;
-    # `none`: nothing to convert (e.g. a summary trace).
+    # `none`: nothing converted (e.g. a summary trace, or a part kept as sent).
     method: Method
+    # What a whole-document conversion did with the part: `filled` a missing one, `kept`
+    # the document's own, or `replaced` it (convert_document).
+    action: Action = "filled"
+    # What a reader must know: a part kept, a conversion that gave nothing.
+    warnings: tuple[str, ...] = ()
 
     @property
     def lossless(self) -> bool:
-        """True when nothing was lost or defaulted."""
-        return not self.losses
+        """True when nothing of the source was lost, defaulted or replaced."""
+        return all(entry.kind in _ADDITIVE for entry in self.losses)
 
     def report(self) -> dict[str, Any]:
         """Return the loss report and provenance as a JSON-ready dict."""
         return {
             "provenance": self.provenance.as_dict(),
             "method": self.method,
+            "action": self.action,
             "lossless": self.lossless,
+            "warnings": list(self.warnings),
             "losses": [entry.as_dict() for entry in self.losses],
         }
 

@@ -29,6 +29,7 @@ of copying them: treat both as read-only.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,7 @@ from tracestore.convert.report import (
     PROVENANCE_KEY,
     Conversion,
     LossCollector,
+    LossEntry,
     Provenance,
     source_sha256,
 )
@@ -58,13 +60,30 @@ from tracestore.wire.trace import classify_trace, unwrap_trace
 CONVERTER_NAME = "trajectories_to_trace"
 
 
+def _trace_call(call: object) -> object:
+    # In a trace, as on the model's wire, a tool call's `arguments` are JSON text: the
+    # producer's own trace writes them with Python's json.dumps, which SFT readers compare
+    # as text. Other dialects' keys (`args`) are kept as they are.
+    if not isinstance(call, Mapping):
+        return call
+    out = dict(call)
+    if isinstance(out.get("arguments"), dict | list):
+        out["arguments"] = json.dumps(out["arguments"])
+    function = out.get("function")
+    if isinstance(function, Mapping) and isinstance(function.get("arguments"), dict | list):
+        out["function"] = {**function, "arguments": json.dumps(function["arguments"])}
+    return out
+
+
 def _payload(calls: list[Any]) -> tuple[str, bool]:
-    # Returns the json_payload text and whether reading it back gives `calls` exactly. orjson
-    # refuses integers beyond 64 bits; the stdlib writes them, but a reader parsing with
-    # orjson would get floats, so such calls are also kept verbatim in the carry.
-    body = {"role": "assistant", "tool_calls": calls}
+    # Returns the json_payload text and whether reading it back gives `calls` exactly (else
+    # the carry keeps them). orjson refuses integers beyond 64 bits; the stdlib writes them,
+    # but a reader parsing with orjson would get floats.
+    in_trace = [_trace_call(c) for c in calls]
+    body = {"role": "assistant", "tool_calls": in_trace}
+    exact = in_trace == calls
     try:
-        return orjson.dumps(body).decode(), True
+        return orjson.dumps(body).decode(), exact
     except TypeError:
         return json.dumps(body, ensure_ascii=False, default=repr), False
 
@@ -88,7 +107,7 @@ def _not_bool(step: Mapping[str, Any], key: str) -> str:
 
 
 def _created_at(doc: Mapping[str, Any]) -> object:
-    # The only creation time a legacy document can hold is its existing trace's.
+    # The only creation time a legacy document itself can hold is its existing trace's.
     trace = doc.get("trace")
     if not isinstance(trace, Mapping):
         return None
@@ -98,19 +117,219 @@ def _created_at(doc: Mapping[str, Any]) -> object:
     return value if parse_datetime(value) is not None else None
 
 
+def _message(
+    kind: str, payload: str, j: int, sid: str, *, tool_call: bool = False, stand_in: bool = False
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"turn": j}
+    if tool_call:
+        metadata["is_tool_call"] = True
+    if stand_in:
+        # Says which value stands in for a prompt the trajectories did not keep.
+        metadata["tracestore_stand_in"] = "obs"
+    metadata["step_id"] = sid
+    return {
+        "content": {"text": None, "json_payload": payload},
+        "message_type": kind,
+        "time_record": {"event_time": None, "message_time": None},
+        "metadata": metadata,
+    }
+
+
+def _prompt_payload(obs: object) -> str:
+    # The user message of a chat: the observation's text when it has one (the Crafter
+    # producer's `{"text": ...}`), else the observation as JSON text.
+    text = obs.get("text") if isinstance(obs, Mapping) else obs
+    if not isinstance(text, str):
+        text = _json_text(obs)
+    return _json_text({"role": "user", "content": text})
+
+
+def _json_text(value: object) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text_of(content: object) -> str | None:
+    # A chat message's content: text, or a list of parts whose text is joined.
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, Mapping)]
+        joined = "".join(t for t in texts if isinstance(t, str))
+        return joined or None
+    return None
+
+
+def _chat_messages(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages of the model request a step's `info.meta` kept, as role + text."""
+    request = meta.get("inference_request")
+    messages = request.get("messages") if isinstance(request, Mapping) else None
+    out: list[dict[str, Any]] = []
+    for message in _as_list(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            continue
+        text = _text_of(message.get("content", message.get("text")))
+        if text is not None:
+            out.append({"role": message["role"], "content": text})
+    return out
+
+
+def _response_message(response: object) -> Mapping[str, Any]:
+    choices = response.get("choices") if isinstance(response, Mapping) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, Mapping) else None
+    return message if isinstance(message, Mapping) else {}
+
+
+def _output_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    calls = []
+    for index, call in enumerate(_as_list(message.get("tool_calls"))):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            arguments = function.get("arguments")
+            calls.append(
+                {
+                    "name": function.get("name"),
+                    "arguments_json": arguments if isinstance(arguments, str) else None,
+                    "call_id": call.get("id"),
+                    "index": index,
+                }
+            )
+    return calls
+
+
+def _call_record(
+    meta: Mapping[str, Any], request: list[dict[str, Any]], model: object
+) -> dict[str, Any] | None:
+    """An LLM call record from the request and raw response a step's info kept."""
+    raw = meta.get("raw_response")
+    response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    if not request and not response:
+        return None
+    message = _response_message(response)
+    usage = response.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    choices = _as_list(response.get("choices"))
+    first = choices[0] if choices and isinstance(choices[0], Mapping) else {}
+    return {
+        "call_id": response.get("id"),
+        "api_type": "chat_completions",
+        "model_name": model if isinstance(model, str) else None,
+        "input_messages": [
+            {"role": m["role"], "parts": [{"type": "text", "text": m["content"]}]} for m in request
+        ],
+        "output_text": _text_of(message.get("content")),
+        "output_tool_calls": _output_calls(message),
+        "usage": {
+            "input_tokens": _int(usage.get("prompt_tokens")),
+            "output_tokens": _int(usage.get("completion_tokens")),
+            "total_tokens": _int(usage.get("total_tokens")),
+        },
+        "finish_reason": first.get("finish_reason"),
+    }
+
+
+def _lm_event(
+    meta: Mapping[str, Any], request: list[dict[str, Any]], j: int, sid: str, policy: str
+) -> dict[str, Any] | None:
+    """The LM call a step's `info.meta` describes (usage, timing, model, request), if any."""
+    usage = meta.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    latency = meta.get("inference_ms")
+    response = meta.get("raw_response")
+    model = meta.get("model", meta.get("model_name"))
+    if model is None and isinstance(response, Mapping):
+        model = response.get("model")
+    if not usage and latency is None and model is None and not request:
+        return None
+    record = _call_record(meta, request, model)
+    return {
+        "system_instance_id": f"policy:{policy}",
+        "time_record": {"event_time": None, "message_time": None},
+        "metadata": {"turn": j, "step_id": sid},
+        "event_metadata": None,
+        "model_name": model if isinstance(model, str) else None,
+        "provider": None,
+        "input_tokens": _int(usage.get("prompt_tokens", usage.get("input_tokens"))),
+        "output_tokens": _int(usage.get("completion_tokens", usage.get("output_tokens"))),
+        "total_tokens": _int(usage.get("total_tokens")),
+        "cost_usd": None,
+        "latency_ms": latency if isinstance(latency, int | float) else None,
+        "span_id": None,
+        "trace_id": None,
+        "call_records": [record] if record is not None else [],
+    }
+
+
+_MISSING_PARTS = {
+    "system_prompt": (
+        "trace.session_time_steps[*].markov_blanket_messages[system]",
+        "no system prompt in the trajectories (a step's info.meta.inference_request has none)",
+    ),
+    "call_records": (
+        "trace.session_time_steps[*].events[lm_call].call_records[*].output_tool_calls",
+        "no model request or response in the trajectories (info.meta.inference_request, "
+        "raw_response): the LM call events have no call records",
+    ),
+}
+
+
 class _Builder:
     """Accumulates the trace's time steps and history lists."""
 
-    __slots__ = ("events", "losses", "messages", "time_steps")
+    __slots__ = ("events", "losses", "messages", "missing", "time_steps")
 
     def __init__(self, losses: LossCollector) -> None:
         self.time_steps: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.messages: list[dict[str, Any]] = []
         self.losses = losses
+        # Trace parts a producer's trace has that the trajectories cannot give: time steps
+        # without them, by part (reported once each, on trace paths).
+        self.missing: Counter[str] = Counter()
 
-    def step(self, t: int, j: int, step: object, after: object, instance: str) -> None:
-        """Append the time step, environment event and tool-call message of one step."""
+    def report_missing(self) -> None:
+        """Add one `missing` loss entry per trace part some time steps lack."""
+        for part, (path, detail) in _MISSING_PARTS.items():
+            if self.missing[part]:
+                self.losses.entries.append(
+                    LossEntry(path, "missing", detail, count=self.missing[part])
+                )
+
+    def _prompts(
+        self, t: int, j: int, sid: str, request: list[dict[str, Any]], obs: object
+    ) -> list[dict[str, Any]]:
+        """The step's system and user messages: the model request's, else the observation."""
+        # Trace readers (synth-ai's SFT filter) pair each user prompt with the answer after
+        # it, so a step without one is invisible to them.
+        system = next((m for m in request if m["role"] == "system"), None)
+        user = next((m for m in reversed(request) if m["role"] == "user"), None)
+        out: list[dict[str, Any]] = []
+        if system is not None:
+            out.append(_message("system", _json_text(system), j, sid))
+        else:
+            self.missing["system_prompt"] += 1
+        if user is not None:
+            out.append(_message("user", _json_text(user), j, sid))
+        elif obs is not None:
+            out.append(_message("user", _prompt_payload(obs), j, sid, stand_in=True))
+            self.losses.add_step(
+                t,
+                j,
+                "obs",
+                "stand_in",
+                "no prompt text in trajectories: the user message holds the observation",
+            )
+        return out
+
+    def step(self, t: int, j: int, step: object, after: object, instance: str, policy: str) -> None:
+        """Append one step's time step: prompt, LM call, environment event, tool calls."""
         i = len(self.time_steps)
         sid = f"decision_{i}"
         carry: dict[str, Any] = {"trajectory": t, "step": j}
@@ -118,15 +337,15 @@ class _Builder:
             obs = step.get("obs")
             reward, why = _reward(step.get("reward"))
             if why is not None:
-                self.losses.add_step(t, j, "reward", "default", why)
+                self.losses.add_step(t, j, "reward", "carried", why)
             done = step.get("done")
             if type(done) is not bool:
                 why = _not_bool(step, "done")
-                self.losses.add_step(t, j, "done", "default", f"{why}: terminated = bool(done)")
+                self.losses.add_step(t, j, "done", "carried", f"{why}: terminated = bool(done)")
             truncated = step.get("truncated")
             if type(truncated) is not bool:
                 why = _not_bool(step, "truncated")
-                self.losses.add_step(t, j, "truncated", "default", f"{why}: bool(truncated)")
+                self.losses.add_step(t, j, "truncated", "carried", f"{why}: bool(truncated)")
             fields: dict[str, Any] = {}
             payload: str | None = None
             for key, value in step.items():
@@ -150,7 +369,7 @@ class _Builder:
         else:
             # Not an object: keep it whole; the event holds neutral values.
             carry["raw"] = step
-            self.losses.add(f"trajectories[{t}].steps[{j}]", "default", "not an object: kept whole")
+            self.losses.add(f"trajectories[{t}].steps[{j}]", "carried", "not an object: kept whole")
             obs, reward, terminated, truncated_flag, payload = None, 0.0, False, False, None
         event: dict[str, Any] = {
             "system_instance_id": instance,
@@ -163,24 +382,29 @@ class _Builder:
             "system_state_before": obs,
             "system_state_after": after,
         }
-        step_messages: list[dict[str, Any]] = []
+        info = step.get("info") if isinstance(step, Mapping) else None
+        meta = info.get("meta") if isinstance(info, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        request = _chat_messages(meta)
+        step_messages = self._prompts(t, j, sid, request, obs)
         if payload is not None:
-            message = {
-                "content": {"text": None, "json_payload": payload},
-                "message_type": "assistant",
-                "time_record": {"event_time": None, "message_time": None},
-                "metadata": {"turn": j, "is_tool_call": True, "step_id": sid},
-            }
-            step_messages.append(message)
-            self.messages.append(message)
-        self.events.append(event)
+            step_messages.append(_message("assistant", payload, j, sid, tool_call=True))
+        self.messages.extend(step_messages)
+        step_events: list[dict[str, Any]] = []
+        lm = _lm_event(meta, request, j, sid, policy)
+        if lm is not None:
+            step_events.append(lm)
+            if not lm["call_records"]:
+                self.missing["call_records"] += 1
+        step_events.append(event)
+        self.events.extend(step_events)
         self.time_steps.append(
             {
                 "step_id": sid,
                 "step_index": i,
                 "timestamp": None,
                 "turn_number": j,
-                "events": [event],
+                "events": step_events,
                 "markov_blanket_messages": step_messages,
                 "step_metadata": {},
                 "completed_at": None,
@@ -216,8 +440,42 @@ def _trajectory_entry(
     return make_entry({"n_steps": n}, fields, absent, order)
 
 
-def trajectories_to_trace(doc: Mapping[str, Any]) -> Conversion[dict[str, Any]]:
-    """Convert a RolloutResponse's legacy trajectories to a full v3 trace (lossless)."""
+def _seed(doc: Mapping[str, Any], first: Mapping[str, Any]) -> object:
+    # Trajectories have no declared seed; producers that keep one put it here.
+    for holder in (doc.get("pipeline_metadata"), first):
+        value = holder.get("seed") if isinstance(holder, Mapping) else None
+        if value is not None:
+            return value
+    return None
+
+
+def _model(trajectories: list[Any]) -> object:
+    for traj in trajectories:
+        for step in _as_list(traj.get("steps") if isinstance(traj, Mapping) else None):
+            info = step.get("info") if isinstance(step, Mapping) else None
+            meta = info.get("meta") if isinstance(info, Mapping) else None
+            if isinstance(meta, Mapping):
+                model = meta.get("model", meta.get("model_name"))
+                response = meta.get("raw_response")
+                if model is None and isinstance(response, Mapping):
+                    model = response.get("model")
+                if isinstance(model, str):
+                    return model
+    return None
+
+
+def _as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def trajectories_to_trace(
+    doc: Mapping[str, Any], *, created_at: str | None = None
+) -> Conversion[dict[str, Any]]:
+    """Convert a RolloutResponse's legacy trajectories to a full v3 trace (lossless).
+
+    `created_at` (ISO text, e.g. when the store received the rollout) stands in for the
+    creation time when the document holds none.
+    """
     provenance = Provenance(CONVERTER_NAME, CONVERTER_VERSION, source_sha256(doc))
     losses = LossCollector()
     trajectories = doc.get("trajectories")
@@ -233,7 +491,7 @@ def trajectories_to_trace(doc: Mapping[str, Any]) -> Conversion[dict[str, Any]]:
     for t, traj in enumerate(trajectories):
         if not isinstance(traj, Mapping):
             entries.append({"n_steps": 0, "raw": traj})
-            losses.add(f"trajectories[{t}]", "default", "not an object: kept whole")
+            losses.add(f"trajectories[{t}]", "carried", "not an object: kept whole")
             continue
         steps = traj.get("steps")
         step_list: list[Any] = steps if isinstance(steps, list) else []
@@ -248,33 +506,54 @@ def trajectories_to_trace(doc: Mapping[str, Any]) -> Conversion[dict[str, Any]]:
                 after = nxt.get("obs") if isinstance(nxt, Mapping) else None
             else:
                 after = final_obs
-            builder.step(t, j, step, after, instance)
+            builder.step(t, j, step, after, instance, str(traj.get("policy_id") or "policy"))
         if n and final_obs is None:
             losses.add(
                 f"trajectories[{t}].final.observation",
-                "default",
+                "carried",
                 "absent or null: the last step's system_state_after is null",
             )
         counts[t] = n
         entries.append(_trajectory_entry(traj, n, final_obs if n else None, env_id, policy_id))
 
-    created_at = _created_at(doc)
-    if created_at is None:
-        losses.add("trace.created_at", "default", "no creation time in the document: null")
+    builder.report_missing()
+    created: object = _created_at(doc)
+    if created is None and created_at is not None:
+        created = created_at
+        losses.add(
+            "trace.created_at", "stand_in", "no creation time in the document: the given one"
+        )
+    elif created is None:
+        losses.add("trace.created_at", "missing", "no creation time in the document: null")
     run_id = doc.get("run_id")
+    metadata: dict[str, Any] = {
+        "run_id": run_id,
+        "env_id": env_id,
+        "policy_id": policy_id,
+        # The names trace readers look for (synth-ai's filter reads env_name, policy_name,
+        # seed and model from here).
+        "env_name": env_id,
+        "policy_name": policy_id,
+    }
+    seed = _seed(doc, first)
+    if seed is not None:
+        metadata["seed"] = seed
+    else:
+        losses.add("trace.metadata.seed", "missing", "no seed in the document")
+    model = _model(trajectories)
+    if model is not None:
+        metadata["model"] = model
+    else:
+        losses.add("trace.metadata.model", "missing", "no model name in the trajectories")
+    metadata[CARRY_KEY] = {"format": CARRY_FORMAT, "trajectories": entries}
+    metadata[PROVENANCE_KEY] = provenance.as_dict()
     trace: dict[str, Any] = {
         "session_id": run_id,
-        "created_at": created_at,
+        "created_at": created,
         "session_time_steps": builder.time_steps,
         "event_history": builder.events,
         "markov_blanket_message_history": builder.messages,
-        "metadata": {
-            "run_id": run_id,
-            "env_id": env_id,
-            "policy_id": policy_id,
-            CARRY_KEY: {"format": CARRY_FORMAT, "trajectories": entries},
-            PROVENANCE_KEY: provenance.as_dict(),
-        },
+        "metadata": metadata,
         "session_metadata": None,
     }
     return Conversion(trace, losses.finish(counts), provenance, "trajectories")

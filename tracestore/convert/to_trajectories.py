@@ -52,6 +52,7 @@ from tracestore.convert.report import (
     source_sha256,
 )
 from tracestore.correlation import resolve_correlation
+from tracestore.toolcalls import trajectory_tool_call
 from tracestore.wire.trace import EnvStep, classify_trace, view_trace
 
 CONVERTER_NAME = "trace_to_trajectories"
@@ -166,6 +167,67 @@ def _number(value: object) -> float | None:
     return None
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage(lm_event: Mapping[str, Any]) -> dict[str, int]:
+    # The LM event's token counts under the names a producer's step info uses; a call
+    # record's own usage stands in when the event has none.
+    counts = {
+        "prompt_tokens": _int(lm_event.get("input_tokens")),
+        "completion_tokens": _int(lm_event.get("output_tokens")),
+        "total_tokens": _int(lm_event.get("total_tokens")),
+    }
+    if all(v is None for v in counts.values()):
+        records = lm_event.get("call_records")
+        usage = _get(records[0], "usage") if isinstance(records, list) and records else None
+        if isinstance(usage, Mapping):
+            counts = {
+                "prompt_tokens": _int(usage.get("input_tokens", usage.get("prompt_tokens"))),
+                "completion_tokens": _int(
+                    usage.get("output_tokens", usage.get("completion_tokens"))
+                ),
+                "total_tokens": _int(usage.get("total_tokens")),
+            }
+    return {k: v for k, v in counts.items() if v is not None}
+
+
+def _step_info(env_step: EnvStep, j: int, url: str, losses: LossCollector) -> dict[str, Any]:
+    """A step's `info`: what a producer's step holds that the trace has (SPEC §5)."""
+    event = env_step.event
+    event_meta = event.get("metadata")
+    kept = event_meta.get("info") if isinstance(event_meta, Mapping) else None
+    # Hand-built producers keep the step's info in the event metadata: it is the base.
+    info: dict[str, Any] = dict(kept) if isinstance(kept, Mapping) else {}
+    if not isinstance(kept, Mapping):
+        losses.add_step(
+            0,
+            j,
+            "info",
+            "lost",
+            "only info.meta (inference URL, turn, usage, timing) is in a trace",
+        )
+    old_meta = info.get("meta")
+    meta: dict[str, Any] = dict(old_meta) if isinstance(old_meta, Mapping) else {}
+    if url:
+        meta.setdefault("inference_url", url)
+    turn = _int(_get(event_meta, "turn"))
+    meta.setdefault("turn_index", turn if turn is not None else j)
+    lm = env_step.lm_events[0] if env_step.lm_events else None
+    if lm is not None:
+        latency = _number(lm.get("latency_ms"))
+        if latency is not None:
+            meta.setdefault("inference_ms", int(latency) if latency.is_integer() else latency)
+        usage = _usage(lm)
+        if usage:
+            meta.setdefault("usage", usage)
+    if "usage" not in meta:
+        losses.add_step(0, j, "info.meta.usage", "lost", "no LM call event with token counts")
+    info["meta"] = meta
+    return info
+
+
 def _from_trace(
     steps: list[EnvStep],
     meta: Mapping[str, Any],
@@ -173,12 +235,15 @@ def _from_trace(
     provenance: Provenance,
     losses: LossCollector,
 ) -> list[dict[str, Any]]:
+    inference_url = _inference_url(envelope, losses)
     out_steps: list[dict[str, Any]] = []
     for j, env_step in enumerate(steps):
         event = env_step.event
-        obs = event.get("system_state_before")
+        obs = env_step.observation()
         if obs is None:
-            losses.add_step(0, j, "obs", "lost", "no system_state_before: {}")
+            losses.add_step(
+                0, j, "obs", "lost", "no system_state_before or observation message: {}"
+            )
             obs = {}
         calls = env_step.tool_calls
         if calls is None:
@@ -193,20 +258,16 @@ def _from_trace(
             losses.add_step(0, j, "done", "default", "terminated not a bool: bool(terminated)")
         if type(truncated) is not bool:
             losses.add_step(0, j, "truncated", "default", "not a bool: bool(truncated)")
-        event_meta = event.get("metadata")
-        if isinstance(event_meta, Mapping) and "info" in event_meta:
-            info = event_meta["info"]
-        else:
-            losses.add_step(0, j, "info", "lost", "not in the trace: null")
-            info = None
         out_steps.append(
             {
                 "obs": obs,
-                "tool_calls": calls,
+                # One shape whatever dialect the trace holds: a trainer reads
+                # tool_calls[k]["arguments"][...] as an object.
+                "tool_calls": [trajectory_tool_call(c) for c in calls],
                 "reward": reward,
                 "done": bool(done),
                 "truncated": bool(truncated),
-                "info": info,
+                "info": _step_info(env_step, j, inference_url, losses),
             }
         )
     last_after = steps[-1].event.get("system_state_after")
@@ -214,7 +275,6 @@ def _from_trace(
         losses.add("trajectories[0].final", "lost", "no system_state_after on the last event: null")
     env_id = _name(meta, "env_id", "env_name", losses)
     policy_id = _name(meta, "policy_id", "policy_name", losses)
-    inference_url = _inference_url(envelope, losses)
     losses.add("trajectories[0].decision_samples", "lost", "not in the trace: null")
     trajectory: dict[str, Any] = {
         "env_id": env_id,

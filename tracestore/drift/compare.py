@@ -268,9 +268,15 @@ def _compare_step(side: _TraceSide, position: int, slot: _Slot) -> list[Finding]
             _get(step, "truncated"),
             event.get("truncated"),
         )
-    before = event.get("system_state_before")
-    if before is not None and _get(step, "obs") != before:
-        add("obs_mismatch", "obs differs from system_state_before", _get(step, "obs"), before)
+    # What the policy saw: system_state_before, else the time step's observation message.
+    seen = side.steps[position].observation()
+    if seen is not None and _get(step, "obs") != seen:
+        what = (
+            "obs differs from system_state_before"
+            if event.get("system_state_before") is not None
+            else "obs differs from the observation message"
+        )
+        add("obs_mismatch", what, _get(step, "obs"), seen)
     trace_calls = side.tool_calls(position)
     if trace_calls is not None:
         expected = normalize_tool_calls(_get(step, "tool_calls"))

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import orjson
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from tracestore.convert import Conversion, trace_to_trajectories, trajectories_to_trace
 from tracestore.errors import NotFound
-from tracestore.store.runs import get_document
+from tracestore.ingest.service import decompress_document
+from tracestore.models import Run, RunDocument
 from tracestore.wire.trace import classify_trace, unwrap_trace
 
 Source = Literal["stored", "converted"]
@@ -35,24 +38,39 @@ class Served:
     conversion: Conversion[Any] | None = None
 
 
-def _document(session: Session, run_id: str) -> dict[str, Any]:
-    doc: dict[str, Any] = orjson.loads(get_document(session, run_id))
-    return doc
+_SERVED = (
+    select(RunDocument.body, RunDocument.encoding, Run.received_at)
+    .join(Run, Run.id == RunDocument.run_pk)
+    .where(Run.run_id == bindparam("run_id"))
+)
+
+
+def _document(session: Session, run_id: str) -> tuple[dict[str, Any], datetime]:
+    row = session.connection().execute(_SERVED, {"run_id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
+    doc: dict[str, Any] = orjson.loads(decompress_document(row.body, row.encoding))
+    return doc, row.received_at
 
 
 def _has_steps(doc: Mapping[str, Any]) -> bool:
     return any(t.get("steps") for t in doc.get("trajectories") or [] if isinstance(t, Mapping))
 
 
-def serve_trace(doc: Mapping[str, Any]) -> Served:
-    """The full-shape v3 trace of a document: its own (unwrapped), else converted."""
+def serve_trace(doc: Mapping[str, Any], received_at: datetime | None = None) -> Served:
+    """The full-shape v3 trace of a document: its own (unwrapped), else converted.
+
+    A converted trace's `created_at` is the document's own when it has one, else the
+    time the store received the rollout.
+    """
     trace = doc.get("trace")
     kind = classify_trace(trace)
     if kind in USABLE_TRACE_KINDS and isinstance(trace, Mapping):
         session_trace = unwrap_trace(trace)[0] if kind == "wrapped" else trace
         return Served(session_trace, "stored", kind)
     if doc.get("trajectories"):
-        conversion = trajectories_to_trace(doc)
+        created_at = received_at.isoformat() if received_at is not None else None
+        conversion = trajectories_to_trace(doc, created_at=created_at)
         return Served(conversion.data, "converted", kind, conversion)
     raise NotFound(
         f"run {doc.get('run_id')!r} has no full trace (its trace is "
@@ -81,9 +99,9 @@ def serve_trajectories(doc: Mapping[str, Any]) -> Served:
 
 def served_trace(session: Session, run_id: str) -> Served:
     """The run's trace, stored or converted (NotFound when it has neither source)."""
-    return serve_trace(_document(session, run_id))
+    return serve_trace(*_document(session, run_id))
 
 
 def served_trajectories(session: Session, run_id: str) -> Served:
     """The run's trajectories, stored or converted (NotFound when it has neither source)."""
-    return serve_trajectories(_document(session, run_id))
+    return serve_trajectories(_document(session, run_id)[0])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 # `datetime.datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=datetime.timezone.utc)`:
 # the Python repr that task apps built on the SDK's app factory emit.
@@ -80,3 +82,52 @@ def parse_datetime(value: object) -> datetime | None:
         return parsed.astimezone(UTC)
     except (ValueError, OverflowError, OSError, TypeError):
         return None
+
+
+# A string written as a datetime: ISO 8601 with a time (`T` or a space) or the Python repr.
+# Dates alone and other strings are left as text.
+_DATETIME_TEXT = re.compile(r"^(?:datetime\.datetime\(|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2})")
+
+
+@dataclass(frozen=True, slots=True)
+class Instant:
+    """A datetime string read as the instant it names: equal to every form of it."""
+
+    at: datetime
+
+
+def as_instant(value: object) -> object:
+    """`value` as an Instant when it is a string in a SPEC §2 datetime form, else unchanged."""
+    if isinstance(value, str) and _DATETIME_TEXT.match(value):
+        parsed = parse_datetime(value)
+        if parsed is not None:
+            return Instant(parsed)
+    return value
+
+
+def with_instants(value: object) -> object:
+    """A parsed JSON value with every datetime string read as its Instant (for comparing)."""
+
+    # Iterative: documents nest up to 1,024 levels, past Python's recursion limit.
+    def convert(item: object) -> object:
+        if isinstance(item, dict):
+            copy: dict[Any, object] = dict(item)
+            stack.append(copy)
+            return copy
+        if isinstance(item, list):
+            items = list(item)
+            stack.append(items)
+            return items
+        return as_instant(item)
+
+    stack: list[dict[Any, object] | list[object]] = []
+    root = convert(value)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, child in node.items():
+                node[key] = convert(child)
+        else:
+            for index, child in enumerate(node):
+                node[index] = convert(child)
+    return root

@@ -92,19 +92,66 @@ def _payload(content: object) -> object:
     return raw
 
 
+# Message types whose content is the step's tool calls as JSON text (a list, or an object
+# with `tool_calls`): synth-ai's task apps record `policy_tool_call` (the grpo-crafter app),
+# hand-built apps `action`.
+TOOL_CALL_MESSAGE_TYPES = frozenset({"policy_tool_call", "action"})
+# Message types whose content is the observation the policy saw (hand-built apps).
+OBSERVATION_MESSAGE_TYPES = frozenset({"observation"})
+
+
+def message_value(message: object) -> object:
+    """A message's content as a value: its JSON payload, else its text parsed as JSON.
+
+    Text that is not JSON comes back as the text itself; no content gives None.
+    """
+    content = _get(message, "content")
+    if isinstance(content, str):
+        text: object = content
+    else:
+        payload = _payload(content)
+        if payload is not None:
+            return payload
+        text = _get(content, "text")
+    if not isinstance(text, str):
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _calls_in_message(message: object) -> list[Any]:
+    value = message_value(message)
+    if isinstance(value, list):
+        return [c for c in value if isinstance(c, Mapping)]
+    return _as_list(_get(value, "tool_calls"))
+
+
+def _message_type(message: object) -> object:
+    return _get(message, "message_type")
+
+
 def time_step_tool_calls(messages: Iterable[Any], events: Iterable[Any]) -> list[Any] | None:
     """Return the raw tool calls of one trace time step (SPEC §5), or None when it has none.
 
     `messages` and `events` are the time step's items, each once. Sources in order: messages
-    with `metadata.is_tool_call` (their `json_payload` -> `tool_calls`), then the LM events'
+    with `metadata.is_tool_call` (their `json_payload` -> `tool_calls`), then tool-call
+    messages (`policy_tool_call`, `action`: their content is the list), then the LM events'
     `call_records[*].output_tool_calls`, then the environment events' `metadata.tool_calls`;
     the first source that yields a non-empty list wins.
     """
+    messages = list(messages)
     events = list(events)
     calls: list[Any] = []
     for message in messages:
         if _get(_get(message, "metadata"), "is_tool_call") is True:
             calls.extend(_as_list(_get(_payload(_get(message, "content")), "tool_calls")))
+    if calls:
+        return calls
+    for message in messages:
+        if _message_type(message) in TOOL_CALL_MESSAGE_TYPES:
+            calls.extend(_calls_in_message(message))
     if calls:
         return calls
     for event in events:
@@ -119,12 +166,34 @@ def time_step_tool_calls(messages: Iterable[Any], events: Iterable[Any]) -> list
     return calls or None
 
 
+def time_step_observation(messages: Iterable[Any]) -> object:
+    """The observation a time step's `observation` message carries, or None."""
+    for message in messages:
+        if _message_type(message) in OBSERVATION_MESSAGE_TYPES:
+            value = message_value(message)
+            if value is not None:
+                return value
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class EnvStep:
-    """One environment event, with the tool calls of its time step (None: none found)."""
+    """One environment event, with the tool calls of its time step (None: none found).
+
+    `messages` and `lm_events` are the other items of its time step, each once.
+    """
 
     event: Mapping[str, Any]
     tool_calls: list[Any] | None
+    messages: tuple[Any, ...] = ()
+    lm_events: tuple[Mapping[str, Any], ...] = ()
+
+    def observation(self) -> object:
+        """What the policy saw: `system_state_before`, else an `observation` message."""
+        before = self.event.get("system_state_before")
+        if before is not None:
+            return before
+        return time_step_observation(self.messages)
 
 
 def _step_id_of(item: object) -> object:
@@ -254,12 +323,18 @@ class TraceView:
         out: list[EnvStep] = []
         for event, key in env:
             if key is None:
-                calls = time_step_tool_calls((), (event,))
-            else:
-                # Another environment event of the same time step must not lend its metadata.
-                others = [e for e, e_env in group_events.get(key, ()) if e is event or not e_env]
-                calls = time_step_tool_calls(group_messages.get(key, ()), others)
-            out.append(EnvStep(event, calls))
+                out.append(EnvStep(event, time_step_tool_calls((), (event,))))
+                continue
+            # Another environment event of the same time step must not lend its metadata.
+            others = [e for e, e_env in group_events.get(key, ()) if e is event or not e_env]
+            messages = tuple(group_messages.get(key, ()))
+            calls = time_step_tool_calls(messages, others)
+            lm_events = tuple(
+                e
+                for e in others
+                if e is not event and isinstance(e, Mapping) and infer_event_type(e) == "lm_call"
+            )
+            out.append(EnvStep(event, calls, messages, lm_events))
         return out
 
 

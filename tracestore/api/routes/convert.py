@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -82,9 +83,11 @@ def get_trajectories(run_id: RunIdPath, session: ReadSessionDep) -> Response:
     return _response(served_trajectories(session, run_id))
 
 
-def _convert(raw: bytes, to: str) -> dict[str, Any]:
+def _convert(raw: bytes, to: str, replace: bool) -> dict[str, Any]:
     doc = validate_rollout(parse_json(raw))
-    new_doc, conversion = convert_document(doc, to)
+    # Not stored, so the request's time is when this trace came to be.
+    now = datetime.now(UTC).isoformat()
+    new_doc, conversion = convert_document(doc, to, replace=replace, created_at=now)
     return {"document": new_doc, **conversion.report()}
 
 
@@ -92,9 +95,12 @@ def _convert(raw: bytes, to: str) -> dict[str, Any]:
     "/convert",
     summary="Convert a posted RolloutResponse without storing it.",
     description=(
-        "`to=trace` fills `trace` from the trajectories; `to=trajectories` fills "
-        "`trajectories` from the trace. Returns the converted document, the loss report and "
-        "the provenance (converter, version, source sha256)."
+        "`to=trace` fills a missing `trace` from the trajectories; `to=trajectories` fills "
+        "missing `trajectories` from the trace. A part the document has is kept (`action`: "
+        "`kept`, with a warning) unless `replace=true`; a conversion that gives nothing never "
+        "replaces a real part. Returns the document, `action` (`filled`, `kept`, "
+        "`replaced`), `warnings`, the loss report, `lossless` (nothing of the source lost) "
+        "and the provenance (converter, version, source sha256)."
     ),
     responses=error_responses(400, 401, 413, 422),
     openapi_extra={
@@ -108,9 +114,12 @@ async def post_convert(
     request: Request,
     state: StateDep,
     to: Annotated[Literal["trace", "trajectories"], Query(description="Target format.")],
+    replace: Annotated[
+        bool, Query(description="Overwrite the part the document already has.")
+    ] = False,
 ) -> Response:
     """Convert one document."""
     require_json(request)
     raw = await read_body(request, state.settings.max_body_bytes)
-    body = await run_in_threadpool(_convert, raw, to)
+    body = await run_in_threadpool(_convert, raw, to, replace)
     return Response(dumps(body), media_type="application/json")
