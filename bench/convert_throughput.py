@@ -1,4 +1,4 @@
-"""Conversion throughput (steps/s) over the shared examples, parsed documents in memory.
+"""Conversion throughput (steps/s) over examples/rollouts.jsonl, parsed documents in memory.
 
 Usage: .venv/bin/python bench/convert_throughput.py [rollouts.jsonl] [--repeat N]
 

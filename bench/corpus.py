@@ -1,4 +1,4 @@
-"""Benchmark corpora: rollouts shaped like the producers' (see shared/examples).
+"""Benchmark corpora: rollouts shaped like the producers' (see examples/).
 
 - `multi_step`: a Crafter-style rollout, 20 steps, dual-serialized: trajectory steps and a
   full v3 trace whose time steps each hold an LM-call event (with a call record) and an

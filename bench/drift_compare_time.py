@@ -1,4 +1,4 @@
-"""Time `compare_rollout` per rollout over the shared examples (parsed documents in memory).
+"""Time `compare_rollout` per rollout over examples/rollouts.jsonl (parsed documents in memory).
 
 Usage: .venv/bin/python bench/drift_compare_time.py [rollouts.jsonl] [--repeat N]
 """

@@ -1,4 +1,4 @@
-"""What drift detection adds to ingest, per rollout, on the shared examples.
+"""What drift detection adds to ingest, per rollout, on examples/rollouts.jsonl.
 
     .venv/bin/python bench/drift_ingest_cost.py [--copies N] [--rounds N] [--pg URL | --no-pg]
 

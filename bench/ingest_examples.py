@@ -1,4 +1,4 @@
-"""Ingest throughput and bytes on disk for the shared examples, in one process.
+"""Ingest throughput and bytes on disk for examples/rollouts.jsonl, in one process.
 
     python -m bench.ingest_examples [--copies N] [--pg URL]
 

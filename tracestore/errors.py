@@ -69,6 +69,12 @@ class InvalidRequest(TracestoreError):
     code = "invalid_request"
 
 
+class EmptyBatch(InvalidRequest):
+    """A batch with no rollouts in it (an empty body, `[]`, NDJSON without a line)."""
+
+    code = "empty_batch"
+
+
 class SchemaOutOfDate(TracestoreError):
     """The database schema is not at the revision this code expects."""
 

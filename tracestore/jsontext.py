@@ -1,4 +1,4 @@
-"""JSON serialization that accepts every document the parser accepts.
+"""JSON text helpers: serialization, repeated keys, exact values, the items of an array.
 
 orjson parses nesting up to 1,024 levels but serializes only up to 254; a rollout with a
 deeper (valid) value must not become a 500. Such values fall back to the standard library.
@@ -7,7 +7,9 @@ deeper (valid) value must not become a 500. Such values fall back to the standar
 from __future__ import annotations
 
 import json
+import re
 import sys
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -25,3 +27,115 @@ def dumps(value: Any) -> bytes:
         return json.dumps(
             value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
+
+
+# --- repeated keys --------------------------------------------------------------------------
+#
+# orjson keeps the last of repeated keys without a word, so the parsed value would differ
+# from the bytes we store (a document whose run_id key appears twice would be filed under
+# the last one while its bytes say the first). Counting colons finds repeats at C speed:
+# every member of an object writes one colon outside strings, and re-serializing the
+# parsed value keeps every string's colons but drops the members a repeat replaced. So
+# the re-serialized text has fewer colons exactly when a key was repeated, unless the
+# text spells a colon `\u003a` (re-serialized as `:`): then it is checked key by key.
+
+
+def repeats_keys(text: bytes, value: Any) -> bool:
+    """True when valid JSON `text`, parsed (by orjson) as `value`, repeats a key."""
+    if not isinstance(value, dict | list):
+        return False
+    if b"\\u003" in text:  # perhaps an escaped colon: count no colons, look at the keys
+        return first_repeated_key(text) is not None
+    return text.count(b":") != dumps(value).count(b":")
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in written order, repeats kept (json's object_pairs_hook)."""
+
+
+def first_repeated_key(text: bytes | str) -> tuple[tuple[str | int, ...], str] | None:
+    """(path of the object, key) of the first repeated key in valid JSON `text`, or None."""
+    # Numbers stay text: only keys matter here (and int() refuses over 4,300 digits).
+    parsed = json.loads(text, object_pairs_hook=_Pairs, parse_int=str, parse_float=str)
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), parsed)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, _Pairs):
+            seen: set[str] = set()
+            for key, _ in node:
+                if key in seen:
+                    return path, key
+                seen.add(key)
+            stack.extend(((*path, k), v) for k, v in reversed(node))
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+# --- exact values ---------------------------------------------------------------------------
+
+
+class ExactNumber:
+    """A JSON number as its exact decimal value (a float would round 30-digit integers and
+    1e-400), equal only to another number: `1` and `1.0` match, `true` and `1` do not."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, text: str) -> None:
+        self.value = Decimal(text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExactNumber) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"ExactNumber({str(self.value)!r})"
+
+
+def loads_exact(text: bytes | str) -> Any:
+    """Parse valid JSON with every number exact (ExactNumber), for comparing documents."""
+    return json.loads(text, parse_int=ExactNumber, parse_float=ExactNumber)
+
+
+# --- the items of an array ------------------------------------------------------------------
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+# Integers stay text: int() refuses more than 4,300 digits, which orjson reads.
+_DECODER = json.JSONDecoder(parse_int=str)
+
+
+def split_array(raw: bytes) -> list[bytes] | None:
+    """The bytes of each element of a JSON array, exactly as written; None if `raw` is not
+    an array. ValueError when the array is not valid JSON (its elements are checked only
+    as far as finding where each ends: each is parsed properly on its own afterwards).
+    """
+    text = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
+
+    def skip(at: int) -> int:
+        return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # `*` always matches
+
+    at = skip(0)
+    if text[at : at + 1] != "[":
+        return None
+    items: list[bytes] = []
+    at = skip(at + 1)
+    if text[at : at + 1] != "]":
+        while True:
+            try:
+                _, end = _DECODER.raw_decode(text, at)
+            except RecursionError:
+                raise ValueError(f"nesting too deep in the element at character {at}") from None
+            # Strictly decoded text re-encodes to the very bytes it came from.
+            items.append(text[at:end].encode("utf-8"))
+            at = skip(end)
+            sep = text[at : at + 1]
+            if sep == "]":
+                break
+            if sep != ",":
+                raise ValueError(f"expected ',' or ']' at character {at}")
+            at = skip(at + 1)
+    if skip(at + 1) != len(text):
+        raise ValueError(f"extra data after the array at character {skip(at + 1)}")
+    return items

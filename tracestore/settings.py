@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, NamedTuple
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./tracestore.db"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A client's name (`name:key` in TRACESTORE_API_KEYS) or self-chosen label
+# (X-Tracestore-Client): short, and safe as a Prometheus label value and in a page.
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Labels tracestore gives callers itself; no client may take one as its name.
+ANONYMOUS = "anonymous"  # no key, no label: a person looking, or an unlabelled client
+OTHER = "other"  # a label past the limit, or not matching CLIENT_NAME
+UNKNOWN_KEY = "unknown-key"  # a key presented to a server that has none configured
+RESERVED_CLIENTS = frozenset({ANONYMOUS, OTHER, UNKNOWN_KEY})
+
+
+class ApiClient(NamedTuple):
+    """A configured API key and the name its requests are counted under."""
+
+    name: str
+    key: str
+
+
+def parse_api_keys(entries: list[str]) -> list[ApiClient]:
+    """`name:key` entries keep their name; a bare `key` is named by its place, key-1 ..."""
+    clients = []
+    for number, entry in enumerate(entries, start=1):
+        name, sep, key = entry.partition(":")
+        if sep and CLIENT_NAME.fullmatch(name):
+            clients.append(ApiClient(name, key))
+        else:
+            clients.append(ApiClient(f"key-{number}", entry))
+    return clients
 
 
 class Settings(BaseSettings):
@@ -21,7 +49,14 @@ class Settings(BaseSettings):
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Comma-separated API keys; when set, every /v1 route requires one.",
+        description=(
+            "Comma-separated API keys, each `key` or `name:key`; when set, every /v1 route, "
+            "every HTML page and /metrics require one. Reads are counted per key name."
+        ),
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve /metrics without a key even when API keys are set (for scrapers).",
     )
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES,
@@ -53,3 +88,22 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        clients = parse_api_keys(value)
+        for client in clients:
+            if not client.key:
+                raise ValueError(f"the key named {client.name!r} is empty")
+            if client.name in RESERVED_CLIENTS:
+                raise ValueError(f"{client.name!r} is reserved: name the key otherwise")
+        for attr in ("name", "key"):
+            seen = [getattr(c, attr) for c in clients]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"two API keys have the same {attr}")
+        return value
+
+    def api_clients(self) -> list[ApiClient]:
+        """The configured keys with their names."""
+        return parse_api_keys(self.api_keys)

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import Engine
 
 from tests.conftest import Database, Example, LiveServer, row_counts
-from tracestore.api.deps import key_is_valid
+from tracestore.api.deps import identify, key_is_valid
 from tracestore.settings import Settings
 
 KEYS = ["key-one", "key-two"]
@@ -66,3 +67,47 @@ def test_keys_come_from_a_comma_separated_variable(monkeypatch: pytest.MonkeyPat
     assert Settings().api_keys == ["k1", "k2"]
     monkeypatch.delenv("TRACESTORE_API_KEYS")
     assert Settings().api_keys == []
+
+
+def test_keys_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `name:key` names a key; a bare key keeps working, named by its place in the list.
+    monkeypatch.setenv("TRACESTORE_API_KEYS", "trainer-a:s3cret, plainkey ,eval.b:k:with:colons")
+    clients = Settings().api_clients()
+    assert [(c.name, c.key) for c in clients] == [
+        ("trainer-a", "s3cret"),
+        ("key-2", "plainkey"),
+        ("eval.b", "k:with:colons"),
+    ]
+    assert identify("plainkey", clients) == "key-2"
+    assert identify("k:with:colons", clients) == "eval.b"
+    assert identify("trainer-a:s3cret", clients) is None  # the whole entry is no key
+    assert identify("nope", clients) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("anonymous:k1", "reserved"),
+        ("other:k1", "reserved"),
+        ("a:", "empty"),
+        ("a:k1,b:k1", "same key"),
+        ("a:k1,a:k2", "same name"),
+    ],
+)
+def test_bad_key_lists_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    monkeypatch.setenv("TRACESTORE_API_KEYS", value)
+    with pytest.raises(ValidationError, match=problem):
+        Settings()
+
+
+def test_named_keys_authenticate(database: Database, engine: Engine) -> None:
+    keys = ["ci:named-secret", "bare-secret"]
+    with LiveServer(Settings(database_url=database.url, api_keys=keys)) as live:
+        for key in ("named-secret", "bare-secret"):
+            response = httpx.get(live.url + "/v1/rollouts", headers={"X-API-Key": key})
+            assert response.status_code == 200
+        for wrong in ("ci:named-secret", "ci", "named"):
+            response = httpx.get(live.url + "/v1/rollouts", headers={"X-API-Key": wrong})
+            assert response.status_code == 401

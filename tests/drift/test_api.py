@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,11 +134,15 @@ def test_migration_status_route(http: Any, examples: list[Example]) -> None:
 
 # --- legacy reads and auth ----------------------------------------------------------------
 
-KEYS = ["reader-key-one", "reader-key-two"]
+# One named key, one bare key (named by its place: key-2).
+KEYS = ["reader-one:reader-key-one", "reader-key-two"]
+NAMES = {"reader-one": "reader-key-one", "key-2": "reader-key-two"}
+SECRET = list(NAMES.values())
 
 
-def _label(key: str) -> str:
-    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
+def _key_hashes(key: str) -> list[str]:
+    # What /metrics used to show (an 8-hex sha256 prefix): enough to confirm a guessed key.
+    return [hashlib.sha256(key.encode()).hexdigest()[:8]]
 
 
 @pytest.fixture
@@ -150,7 +155,7 @@ def locked(database: Database, engine: Engine) -> Iterator[LiveServer]:
 def test_legacy_reads_are_counted_per_key_and_day(
     locked: LiveServer, engine: Engine, examples: list[Example]
 ) -> None:
-    one, two = ({"X-API-Key": k} for k in KEYS)
+    one, two = ({"X-API-Key": k} for k in SECRET)
     with httpx.Client(base_url=locked.url, timeout=60) as client:
         _post_all_keyed(client, examples, one)
         crafter = next(e for e in created(examples) if e.label["kind"] == "crafter")
@@ -158,7 +163,7 @@ def test_legacy_reads_are_counted_per_key_and_day(
         for _ in range(2):
             assert client.get(f"/v1/rollouts/{run}", headers=one).status_code == 200
         assert client.get(f"/v1/rollouts/{run}/trajectories", headers=one).status_code == 200
-        bearer = {"Authorization": f"Bearer {KEYS[1]}"}
+        bearer = {"Authorization": f"Bearer {SECRET[1]}"}
         assert client.get(f"/v1/rollouts/{run}/trajectories", headers=bearer).status_code == 200
         # Not counted: a failed read, a refused key, other routes.
         assert client.get("/v1/rollouts/no-such-run", headers=one).status_code == 404
@@ -169,21 +174,22 @@ def test_legacy_reads_are_counted_per_key_and_day(
     phase3 = status["phases"][2]
     assert phase3["verdict"] == "not_ready"
     # Only this server's keys: other tests' servers may flush anonymous reads meanwhile.
-    mine = {_label(k) for k in KEYS}
     readers = {
         (r["client"], r["route"]): r["reads"]
         for r in phase3["figures"]["readers"]
-        if r["client"] in mine
+        if r["client"] in NAMES
     }
     assert readers == {
-        (_label(KEYS[0]), "rollout"): 2,
-        (_label(KEYS[0]), "trajectories"): 1,
-        (_label(KEYS[1]), "trajectories"): 1,
+        ("reader-one", "rollout"): 2,
+        ("reader-one", "trajectories"): 1,
+        ("key-2", "trajectories"): 1,
     }
     assert phase3["figures"]["legacy_reads"] >= 4
     with read_session(engine) as session:
         stored = " ".join(session.scalars(select(LegacyRead.client)))
-    assert not any(key in stored for key in KEYS)  # labels only, never a key
+    for key in SECRET:  # names only, never a key nor a hash of one
+        assert key not in stored
+        assert not any(h in stored for h in _key_hashes(key))
 
 
 def _post_all_keyed(client: httpx.Client, examples: list[Example], key: dict[str, str]) -> None:
@@ -195,10 +201,11 @@ def _post_all_keyed(client: httpx.Client, examples: list[Example], key: dict[str
 def test_reads_are_flushed_at_shutdown(
     database: Database, engine: Engine, examples: list[Example]
 ) -> None:
-    ex = created(examples)[0]
+    ex = next(e for e in created(examples) if e.doc.get("trajectories"))
     key = "shutdown-test-key"
     headers = {"X-API-Key": key}
-    with LiveServer(Settings(database_url=database.url, api_keys=[key])) as live:
+    settings = Settings(database_url=database.url, api_keys=[f"at-shutdown:{key}"])
+    with LiveServer(settings) as live:
         posted = httpx.post(f"{live.url}/v1/rollouts", content=ex.raw, headers=headers)
         assert posted.status_code == 201
         for _ in range(3):
@@ -208,18 +215,37 @@ def test_reads_are_flushed_at_shutdown(
     with read_session(engine) as session:
         rows = [
             (r.client, r.route, r.reads)
-            for r in session.scalars(select(LegacyRead).where(LegacyRead.client == _label(key)))
+            for r in session.scalars(select(LegacyRead).where(LegacyRead.client == "at-shutdown"))
         ]
-    assert rows == [(_label(key), "rollout", 3)]
+    assert rows == [("at-shutdown", "rollout", 3)]
 
 
-def test_report_and_metrics_need_no_key_but_v1_drift_does(locked: LiveServer) -> None:
-    for path in ("/v1/drift", "/v1/migration/status", "/v1/rollouts/x/drift"):
-        response = httpx.get(locked.url + path)
-        assert response.status_code == 401, path
-        assert response.json()["error"]["code"] == "unauthorized"
-    assert httpx.get(locked.url + "/reports/drift").status_code == 200
-    assert httpx.get(locked.url + "/metrics").status_code == 200
+def test_report_and_metrics_need_a_key_when_keys_are_set(
+    locked: LiveServer, database: Database
+) -> None:
+    # CONTRACT: with keys set, every HTML page with store data and /metrics need one.
+    for path in ("/v1/drift", "/v1/migration/status", "/v1/rollouts/x/drift", "/reports/drift"):
+        for headers in ({}, {"X-API-Key": "wrong"}):
+            response = httpx.get(locked.url + path, headers=headers)
+            assert response.status_code == 401, path
+            assert response.json()["error"]["code"] == "unauthorized"
+            # A browser asks for the key (Basic auth's password) instead of showing a 401.
+            assert "Basic" in response.headers["www-authenticate"]
+    assert httpx.get(locked.url + "/metrics").status_code == 401
+    key = {"X-API-Key": SECRET[0]}
+    assert httpx.get(locked.url + "/reports/drift", headers=key).status_code == 200
+    assert httpx.get(locked.url + "/metrics", headers=key).status_code == 200
+    browser = httpx.get(locked.url + "/reports/drift", auth=("anyone", SECRET[1]))
+    assert browser.status_code == 200
+    assert "text/html" in browser.headers["content-type"]
+    assert httpx.get(locked.url + "/reports/drift", auth=("x", "wrong")).status_code == 401
+    # Scrapers without a key: an explicit opt-in for /metrics only.
+    scraped = Settings(database_url=database.url, api_keys=KEYS, metrics_public=True)
+    with LiveServer(scraped) as live:
+        assert httpx.get(live.url + "/metrics").status_code == 200
+        assert httpx.get(live.url + "/reports/drift").status_code == 401
+    for path in ("/health", "/info", "/docs", "/openapi.json"):
+        assert httpx.get(locked.url + path).status_code == 200, path
 
 
 # --- /metrics -----------------------------------------------------------------------------
@@ -285,3 +311,117 @@ def test_budget_comes_from_settings(
         phase2 = client.get("/v1/migration/status").json()["phases"][1]
     assert phase2["figures"]["budget"] == 0.5
     assert phase2["verdict"] == "ready"
+
+
+# --- who a legacy read is counted under (issue 13, issue 18 item 8) -------------------------
+
+
+def _phase3(
+    client: httpx.Client, reads: int = 0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Phase 3 of the status, once it shows `reads` reads (counted or not).
+
+    The server counts a read after sending its response, so the next request may be
+    answered first: ask again for a moment.
+    """
+    deadline = time.monotonic() + 10
+    while True:
+        status = client.get("/v1/migration/status", headers=headers).json()
+        phase: dict[str, Any] = status["phases"][2]
+        figures = phase["figures"]
+        seen = figures["legacy_reads"] + figures["unattributed_reads"]
+        if seen >= reads or time.monotonic() > deadline:
+            return phase
+        time.sleep(0.05)
+
+
+def _legacy_and_trace_only(examples: list[Example]) -> tuple[str, str]:
+    legacy = next(e for e in created(examples) if e.label["kind"] == "legacy_only")
+    trace_only = next(e for e in created(examples) if e.label["kind"] == "trace_only")
+    return legacy.label["run_id"], trace_only.label["run_id"]
+
+
+def test_a_persons_look_at_a_run_does_not_hold_phase_3(
+    database: Database, engine: Engine, examples: list[Example]
+) -> None:
+    legacy, trace_only = _legacy_and_trace_only(examples)
+    with (
+        LiveServer(Settings(database_url=database.url)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as client,
+    ):
+        _post_all(client, examples)
+        # A person: curl without a label, then a browser tab (even one carrying a label).
+        assert client.get(f"/v1/rollouts/{legacy}").status_code == 200
+        browser = {"Sec-Fetch-Mode": "navigate", "X-Tracestore-Client": "trainer-a"}
+        assert client.get(f"/v1/rollouts/{legacy}/trajectories", headers=browser).is_success
+        # A run without trajectories: reading it whole reads no legacy trajectories.
+        labelled = {"X-Tracestore-Client": "trainer-b"}
+        assert client.get(f"/v1/rollouts/{trace_only}", headers=labelled).status_code == 200
+        phase = _phase3(client, reads=2)
+        assert phase["verdict"] == "ready", phase
+        assert phase["figures"]["legacy_reads"] == 0
+        # Listed, not counted (other tests' servers may add anonymous reads meanwhile).
+        assert phase["figures"]["unattributed_reads"] >= 2
+        assert {r["client"] for r in phase["figures"]["readers"]} == {"anonymous"}
+        assert all(not r["counted"] for r in phase["figures"]["readers"])
+        # A client consuming trajectories, labelled: that holds the migration.
+        labelled_a = {"X-Tracestore-Client": "trainer-a"}
+        assert client.get(f"/v1/rollouts/{legacy}/trajectories", headers=labelled_a).is_success
+        assert client.get(f"/v1/rollouts/{legacy}", headers=labelled_a).is_success
+        phase = _phase3(client, reads=4)
+    assert phase["verdict"] == "not_ready"
+    counted = {
+        (r["client"], r["route"]): r["reads"] for r in phase["figures"]["readers"] if r["counted"]
+    }
+    assert counted == {("trainer-a", "trajectories"): 1, ("trainer-a", "rollout"): 1}
+    assert phase["figures"]["legacy_reads"] == 2
+
+
+def test_reader_labels_stay_bounded_and_hold_no_key_material(
+    database: Database, engine: Engine, examples: list[Example]
+) -> None:
+    legacy, _ = _legacy_and_trace_only(examples)
+    junk = [f"junk-key-{i:04d}" for i in range(300)]
+    labels = [f"trainer-{i:02d}" for i in range(40)]
+    with (
+        LiveServer(Settings(database_url=database.url)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as client,
+    ):
+        _post_all(client, examples)
+        path = f"/v1/rollouts/{legacy}/trajectories"
+        for key in junk:  # open mode: keys authenticate nothing, and are never shown
+            assert client.get(path, headers={"X-API-Key": key}).status_code == 200
+        for label in [*labels, "not a label!", "anonymous"]:
+            assert client.get(path, headers={"X-Tracestore-Client": label}).status_code == 200
+        readers = _phase3(client, reads=len(junk) + len(labels) + 2)["figures"]["readers"]
+        text = client.get("/metrics").text
+    clients = set(re.findall(r'^tracestore_legacy_reads_total\{client="([^"]*)"', text, re.M))
+    accepted = set(labels[:32])
+    assert clients == {"unknown-key", "other", *accepted}
+    assert _sample(text, "tracestore_legacy_reads_total", client="unknown-key") == len(junk)
+    # 8 labels past the limit, one malformed, one reserved.
+    assert _sample(text, "tracestore_legacy_reads_total", client="other") == 10
+    for key in junk:
+        assert key not in text
+        assert not any(h in text for h in _key_hashes(key))
+    assert {r["client"] for r in readers} == {"unknown-key", "other", *accepted}
+
+
+def test_metrics_name_a_configured_key_never_show_it(
+    locked: LiveServer, engine: Engine, examples: list[Example]
+) -> None:
+    legacy, _ = _legacy_and_trace_only(examples)
+    headers = {"X-API-Key": SECRET[0]}
+    with httpx.Client(base_url=locked.url, timeout=60) as client:
+        _post_all_keyed(client, examples, headers)
+        # A label does not override the key's name.
+        labelled = {**headers, "X-Tracestore-Client": "someone-else"}
+        assert client.get(f"/v1/rollouts/{legacy}/trajectories", headers=labelled).is_success
+        # The read is counted once its response is sent: wait for it.
+        _phase3(client, reads=1, headers=headers)
+        text = client.get("/metrics", headers=headers).text
+    assert _sample(text, "tracestore_legacy_reads_total", client="reader-one") == 1
+    assert "someone-else" not in text
+    for key in SECRET:
+        assert key not in text
+        assert not any(h in text for h in _key_hashes(key))

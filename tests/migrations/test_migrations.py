@@ -124,3 +124,39 @@ def test_db_verbs_work_from_an_installed_wheel(tmp_path: Path) -> None:
         check=True,
     )
     assert str(target) in probe.stdout
+
+
+def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
+    """0004 computes runs.env_id / policy_id / n_trace_steps in SQL for runs already
+    stored; they equal what ingest computes for new ones (examples and hand-made runs)."""
+    import orjson
+    from sqlalchemy import select
+
+    from tests.conftest import load_examples, minimal_rollout
+    from tracestore.ingest.service import ingest_raw_many
+    from tracestore.models import Run
+
+    engine = create_engine(fresh)
+    migrate.upgrade(engine)
+    hand_made = [
+        minimal_rollout(
+            f"meta-{i}",
+            trajectories=[],
+            trace={"session_id": "s", "session_time_steps": [], "metadata": metadata},
+        )
+        for i, metadata in enumerate(
+            [{"env_id": "e", "policy_id": 3}, {"env_id": "n\u0000l"}, {"env_id": "x" * 1025}, []]
+        )
+    ]
+    ingest_raw_many(engine, [ex.raw for ex in load_examples()])
+    ingest_raw_many(engine, [orjson.dumps(doc) for doc in hand_made])
+    columns = select(Run.run_id, Run.env_id, Run.policy_id, Run.n_trace_steps).order_by(Run.id)
+    with engine.connect() as conn:
+        at_ingest = [tuple(r) for r in conn.execute(columns)]
+    assert any(steps > 0 for *_, steps in at_ingest)
+    assert ("meta-0", "e", None, 0) in at_ingest
+    migrate.downgrade(engine, "0003")  # the columns go: a store from before them
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(columns)] == at_ingest
+    engine.dispose()

@@ -1,7 +1,8 @@
 """Auth beyond tests/api/test_auth.py: every documented route, logs, compare, key rotation.
 
 - Every /v1 route the served OpenAPI schema lists refuses (401, error shape) without a
-  key and with a wrong one; the routes outside /v1 (/health above all) stay open.
+  key and with a wrong one, and so do the HTML report and /metrics; the other routes
+  outside /v1 (/health above all) stay open.
 - No key, valid or not, appears in the server's log at any uvicorn log level (trace
   included) nor in any answer.
 - The key check uses hmac.compare_digest against every configured key (no early exit).
@@ -35,6 +36,10 @@ from tests.reliability.harness import (
 from tracestore.api import deps
 from tracestore.client import TracestoreClient, TracestoreHTTPError
 from tracestore.db.engine import create_engine
+from tracestore.settings import Settings
+
+# Outside /v1, what needs a key when keys are set; /health, /info and the docs stay open.
+KEYED_OUTSIDE_V1 = ("/reports/drift", "/metrics")
 
 
 def _key(label: str) -> str:
@@ -85,7 +90,11 @@ def test_every_documented_v1_route_refuses_without_a_valid_key(keyed: Any) -> No
         for method, path in routes:
             if not path.startswith("/v1/") and method == "GET":
                 response = http.get(path)
-                assert response.status_code != 401, (path, response.text[:200])
+                if path in KEYED_OUTSIDE_V1:  # CONTRACT: pages with store data, /metrics
+                    assert response.status_code == 401, (path, response.text[:200])
+                    assert http.get(path, headers={"X-API-Key": keys[0]}).status_code == 200
+                else:
+                    assert response.status_code != 401, (path, response.text[:200])
         assert http.get("/health").status_code == 200
     FIGURES.add("auth", v1_routes_checked=len(v1))
 
@@ -127,6 +136,11 @@ def test_the_key_check_compares_every_key_in_constant_time(
     calls.clear()
     assert not deps.key_is_valid("nope", keys)
     assert len(calls) == 3
+    # What the auth dependency calls: named keys, the same way.
+    calls.clear()
+    named = Settings(api_keys=["a:k1", "k2", "c:k3"]).api_clients()
+    assert deps.identify("k1", named) == "a"
+    assert [b for _, b in calls] == [b"k1", b"k2", b"k3"]
 
 
 class _Stream:

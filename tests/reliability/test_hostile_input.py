@@ -386,19 +386,33 @@ CASES: list[Case] = [
         (201,),
         run_id="tws",
     ),
-    # Duplicate keys: the parser keeps the last; the document is kept as sent.
+    # Repeated keys: refused (issue 18), the stored bytes and the typed rows would disagree.
     Case(
         "duplicate run_id keys",
         b'{"run_id":"dup-first","run_id":"dup-last",' + orjson.dumps(_rollout("z"))[14:],
-        (201, 400),
-        run_id="dup-last",
+        (422,),
+        "invalid_rollout",
     ),
     Case(
         "duplicate nested keys",
         orjson.dumps(_rollout("dup-nested"))[:-1] + b',"metrics":{"episode_returns":[2.0],'
         b'"mean_return":2.0,"num_steps":1}}',
-        (201, 400),
-        run_id="dup-nested",
+        (422,),
+        "invalid_rollout",
+    ),
+    Case(
+        "duplicate keys deep in a batch item",
+        b'[{"run_id":"dup-deep","x":{"a":[{"k":1,"k":2}]}}]',
+        (207,),
+        path="/v1/rollouts/batch",
+    ),
+    Case("dot-only run_id", orjson.dumps(_rollout("..")), (422,), "invalid_rollout"),
+    Case(
+        "empty batch",
+        b"[]",
+        (422,),
+        "empty_batch",
+        path="/v1/rollouts/batch",
     ),
 ]
 

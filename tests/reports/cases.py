@@ -1,4 +1,4 @@
-"""Hand-built rollouts beside the shared examples: every tool-call dialect, a trace-only run
+"""Hand-built rollouts beside the examples (examples/): every tool-call dialect, a trace-only run
 whose tool calls come from each SPEC section 5 source (including history-only items),
 costs, null and negative rewards, a cid conflict, and a run whose env comes from its trace.
 """

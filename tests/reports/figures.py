@@ -398,7 +398,8 @@ def migration(
             groups[run.day].append(run)
     read_days: dict[date, list[LegacyReadRow]] = defaultdict(list)
     for r in reads:
-        read_days[r.day].append(r)
+        if r.client != "anonymous":  # a person's look: not counted, as in the gate
+            read_days[r.day].append(r)
     days = set(groups) | (set(read_days) if env is None else set())
     out = {}
     for day in days:

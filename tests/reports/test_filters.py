@@ -31,9 +31,8 @@ def test_times_and_durations(text: str, want: datetime) -> None:
     assert parse_when(text, now=NOW) == want
 
 
-@pytest.mark.parametrize(
-    "text", ["yesterday", "", "-1d", "2025-13-01", "9999999999d", "0001-01-01T00:00:00+01:00"]
-)
+# Times past the calendar's ends are clamped, not refused (tests/unit/test_timewindow.py).
+@pytest.mark.parametrize("text", ["yesterday", "", "-1d", "2025-13-01"])
 def test_unreadable_times_are_input_errors(text: str) -> None:
     with pytest.raises(InvalidRequest, match="since: cannot read"):
         parse_when(text, name="since", now=NOW)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import orjson
-from sqlalchemy import Engine
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
 
+from tests.conftest import _PgDatabases, new_database
+from tracestore.cli.main import app
+from tracestore.db import migrate
+from tracestore.db.engine import create_engine
 from tracestore.ingest.service import ingest_bytes
 from tracestore.reports import output
 from tracestore.reports.catalog import list_reports
 from tracestore.reports.connection import open_live
 from tracestore.reports.filters import Filters
 from tracestore.reports.runner import run_report, run_sql
+from tracestore.reports.snapshot import verify_snapshot
 
 # `obs` is any JSON value (SPEC section 1); on SQLite a JSON column has NUMERIC affinity,
 # so the JSON text `3` is stored as the integer 3, which the sqlite scanner refuses.
@@ -31,8 +38,26 @@ BANDIT = {
 }
 
 
-def test_bare_json_numbers_are_read_exactly(engine: Engine) -> None:
-    ingest_bytes(engine, orjson.dumps(BANDIT))
+@pytest.fixture
+def bandit_url(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
+) -> str:
+    """A store of its own holding BANDIT. Not the run's shared store: DuckDB opening a
+    SQLite file in this process (in_this_process below) drops this process's locks on it,
+    after which another process closing it deletes the WAL under the shared store's
+    later users (reports/live.py, issue 18)."""
+    db = new_database(backend, "bare-numbers", tmp_path_factory, pg_databases)
+    engine = create_engine(db.url)
+    try:
+        migrate.upgrade(engine)
+        ingest_bytes(engine, orjson.dumps(BANDIT))
+    finally:
+        engine.dispose()
+    return db.url
+
+
+def test_bare_json_numbers_are_read_exactly(bandit_url: str) -> None:
+    engine = create_engine(bandit_url)
     with open_live(engine, in_this_process=True) as analytics:
         got = run_sql(analytics, "SELECT CAST(obs AS VARCHAR) AS obs FROM steps ORDER BY idx")
         values = [orjson.loads(r["obs"]) for r in output.rows(got.table)]
@@ -52,3 +77,20 @@ def test_bare_json_numbers_are_read_exactly(engine: Engine) -> None:
             )
         else:
             assert analytics.notices == []
+    engine.dispose()
+
+
+def test_export_reads_bare_json_numbers_exactly(
+    backend: str, bandit_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Issue 13: `report` and `sql` coped with this store, `export` crashed with DuckDB's
+    # TypeMismatchException (and a traceback).
+    target = tmp_path_factory.mktemp("export") / "snap"
+    done = CliRunner().invoke(app, ["export", str(target), "--db", bandit_url])
+    assert done.exit_code == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert verify_snapshot(target) == []
+    steps = pq.read_table(target / "steps").sort_by("idx").column("obs").to_pylist()
+    assert [orjson.loads(v) for v in steps] == [3, 0.30000000000000004, "text"]
+    if backend == "sqlite":
+        assert "steps: JSON values stored as SQLite numbers" in done.stderr

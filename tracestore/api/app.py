@@ -11,8 +11,9 @@ from fastapi.openapi.utils import get_openapi
 
 from tracestore import __version__
 from tracestore.api import limits
-from tracestore.api.deps import AppState, require_api_key
+from tracestore.api.deps import AppState, require_api_key, require_metrics_key
 from tracestore.api.errors import install_error_handlers
+from tracestore.api.params import only_declared_query
 from tracestore.api.routes import convert, drift, reports, rollouts, service
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
@@ -22,8 +23,9 @@ from tracestore.wire.rollout import RolloutIn
 DESCRIPTION = """\
 tracestore keeps RL rollouts (legacy trajectories and v3 traces) losslessly, keyed by run id
 and by trace correlation id. Every error body is `{"error": {"code", "message", ...}}`.
-When `TRACESTORE_API_KEYS` is set, every `/v1` route needs `X-API-Key` (or
-`Authorization: Bearer`).
+When `TRACESTORE_API_KEYS` is set, every `/v1` route, the HTML report and `/metrics` need
+`X-API-Key` (or `Authorization: Bearer`; a browser asked for it sends it as the Basic-auth
+password); `TRACESTORE_METRICS_PUBLIC=true` opens `/metrics` to scrapers.
 """
 
 
@@ -63,6 +65,8 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # Every route refuses query parameters it does not declare (api/params.py).
+        dependencies=[Depends(only_declared_query)],
     )
     install_error_handlers(app)
     limits.install(app, settings)
@@ -74,7 +78,8 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     app.include_router(drift.router, dependencies=keyed)
     app.include_router(reports.router, dependencies=keyed)
     app.include_router(rollouts.router, dependencies=keyed)
-    app.include_router(drift.public)
+    app.include_router(drift.pages, dependencies=keyed)
+    app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
     drift.install(app)
 
     def openapi() -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -13,7 +15,11 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from tracestore.errors import Unauthorized
-from tracestore.settings import Settings
+from tracestore.settings import ApiClient, Settings
+
+# Where the auth dependency leaves the name of the client a valid key belongs to (in the
+# request's scope state: the middleware counting legacy reads reads it there).
+CLIENT_STATE = "tracestore_client"
 
 
 @dataclass(slots=True)
@@ -56,34 +62,61 @@ ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 
 
 def presented_key(request: Request) -> str | None:
-    """The key from `X-API-Key` or `Authorization: Bearer`."""
+    """The key from `X-API-Key`, `Authorization: Bearer`, or the password of
+    `Authorization: Basic` (what a browser sends after asking for it)."""
     key = request.headers.get("x-api-key")
     if key:
         return key
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
+    token = token.strip()
+    if scheme.lower() == "bearer" and token:
+        return token
+    if scheme.lower() == "basic" and token:
+        try:
+            _user, sep, password = base64.b64decode(token, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password if sep and password else None
     return None
+
+
+def identify(presented: str, clients: Sequence[ApiClient]) -> str | None:
+    """The name of the configured key `presented` is, compared in constant time; or None."""
+    given = presented.encode()
+    found = None
+    for client in clients:
+        # Compare against all keys (no early exit): timing says nothing about which matched.
+        if hmac.compare_digest(given, client.key.encode()):
+            found = client.name
+    return found
 
 
 def key_is_valid(presented: str, keys: list[str]) -> bool:
     """Constant-time check of a key against every configured key."""
-    given = presented.encode()
-    ok = False
-    for key in keys:
-        # Compare against all keys (no early exit): timing says nothing about which matched.
-        ok |= hmac.compare_digest(given, key.encode())
-    return ok
+    return identify(presented, [ApiClient(str(i), key) for i, key in enumerate(keys)]) is not None
 
 
-async def require_api_key(request: Request, state: StateDep) -> None:
-    """Refuse the request (401) when keys are configured and none valid is presented."""
-    keys = state.settings.api_keys
-    if not keys:
+def check_key(request: Request, settings: Settings) -> None:
+    """Refuse the request (401) when keys are configured and none valid is presented;
+    remember whose key it was (CLIENT_STATE)."""
+    if not settings.api_keys:
         return
     presented = presented_key(request)
     if presented is None:
         raise Unauthorized("an API key is required: send X-API-Key or Authorization: Bearer")
-    if not key_is_valid(presented, keys):
+    name = identify(presented, settings.api_clients())
+    if name is None:
         raise Unauthorized("the API key is not valid")
+    request.scope.setdefault("state", {})[CLIENT_STATE] = name
+
+
+async def require_api_key(request: Request, state: StateDep) -> None:
+    """Refuse the request (401) when keys are configured and none valid is presented."""
+    check_key(request, state.settings)
+
+
+async def require_metrics_key(request: Request, state: StateDep) -> None:
+    """As require_api_key, unless TRACESTORE_METRICS_PUBLIC opens /metrics to scrapers."""
+    if not state.settings.metrics_public:
+        check_key(request, state.settings)

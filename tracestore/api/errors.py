@@ -65,7 +65,9 @@ def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
 
 def error_response(exc: errors.TracestoreError) -> JSONBody:
     """The HTTP response of a domain error."""
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.Unauthorized) else None
+    # Basic too: a browser then asks for the key (as the password) instead of showing 401.
+    challenge = 'Bearer, Basic realm="tracestore", charset="UTF-8"'
+    headers = {"WWW-Authenticate": challenge} if isinstance(exc, errors.Unauthorized) else None
     return JSONBody(
         error_body(exc.code, exc.message, **exc.details),
         status_code=status_of(exc),

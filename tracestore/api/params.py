@@ -1,12 +1,18 @@
-"""Parameters several routers share: the run_id path segment and time-window instants."""
+"""Parameters every router shares: the run_id path segment, time-window instants, and the
+guard that refuses query parameters a route does not declare."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from starlette.convertors import Convertor, register_url_convertor
+
+from tracestore.errors import InvalidRequest
+from tracestore.timewindow import WHEN_HELP, parse_optional
 
 
 class RunIdConvertor(Convertor[str]):
@@ -38,19 +44,69 @@ RunIdPath = Annotated[
     Path(description="The rollout's run_id (a '/' in it is sent as %2F).", min_length=1),
 ]
 
-EARLIEST = datetime.min.replace(tzinfo=UTC)
-LATEST = datetime.max.replace(tzinfo=UTC)
+
+# --- since / until: one grammar on every route (tracestore/timewindow.py) -----------------
+
+_WHEN = WHEN_HELP[0].upper() + WHEN_HELP[1:] + "."
+SinceQuery = Annotated[
+    str | None, Query(description=f"Runs received at or after this time. {_WHEN}")
+]
+UntilQuery = Annotated[str | None, Query(description=f"Runs received before this time. {_WHEN}")]
+
+ENV_HELP = (
+    "Runs of this env_id: one of their trajectories', or (when their first trajectory names "
+    "none, as in a run without trajectories) the one their trace's metadata names."
+)
+POLICY_HELP = (
+    "Runs of this policy_id: one of their trajectories', or (when their first trajectory "
+    "names none, as in a run without trajectories) the one their trace's metadata names."
+)
 
 
-def instant(value: datetime | None) -> datetime | None:
-    """A query's time as aware UTC: no zone reads as UTC; the calendar's ends are clamped."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        # 0001-01-01T00:00+14:00 lies before datetime.min in UTC (9999-12-31T23:59-14:00
-        # after datetime.max): nothing is stored outside the calendar, so the end is exact.
-        return EARLIEST if value.year == 1 else LATEST
+def since_until(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
+    """The `since` and `until` query parameters as aware UTC instants (None when absent)."""
+    return parse_optional(since, name="since"), parse_optional(until, name="until")
+
+
+# --- unknown query parameters -------------------------------------------------------------
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def declared_query(route: APIRoute) -> frozenset[str]:
+    """The query parameters `route` declares (its own and its dependencies'), by wire name."""
+    # Kept on the route: it never changes, and routes are not hashable (Starlette defines
+    # __eq__ on them), so no dictionary can key on them.
+    known: frozenset[str] | None = route.__dict__.get("_tracestore_query")
+    if known is None:
+        known = frozenset(_query_names(route.dependant))
+        route.__dict__["_tracestore_query"] = known
+    return known
+
+
+async def only_declared_query(request: Request) -> None:
+    """Refuse (422) a query parameter the route does not declare, naming the ones it does.
+
+    A misspelt or misplaced filter (`?env=` where the name is `env_id`) would otherwise
+    be ignored, and the answer would look like the filtered one.
+    """
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = declared_query(route)
+    unknown = sorted({name for name in request.query_params if name not in known})
+    if not unknown:
+        return
+    names = ", ".join(repr(n) for n in unknown)
+    takes = f"it takes {', '.join(sorted(known))}" if known else "it takes no query parameters"
+    raise InvalidRequest(
+        f"unknown query parameter{'s' if len(unknown) > 1 else ''} {names} for "
+        f"{request.method} {route.path_format}: {takes}",
+        unknown=unknown,
+        known=sorted(known),
+    )

@@ -72,11 +72,21 @@ class RunSummary(BaseModel):
     received_at: datetime
     trace_kind: str | None
     n_trajectories: int
-    n_steps: int
+    n_steps: int = Field(
+        description="Decision steps: the trajectories' steps or, for a run without any, the "
+        "environment events of its trace (`step_source` says which)."
+    )
+    step_source: Literal["trajectory", "trace"]
     n_events: int
     n_messages: int
-    env_ids: list[str]
-    policy_ids: list[str]
+    env_ids: list[str] = Field(
+        description="Its trajectories' env_ids, then the one its trace's metadata names when "
+        "its first trajectory names none (as in a run without trajectories)."
+    )
+    policy_ids: list[str] = Field(
+        description="Its trajectories' policy_ids, then the one its trace's metadata names "
+        "when its first trajectory names none (as in a run without trajectories)."
+    )
     mean_return: float | None
     aborted: bool
     doc_bytes: int
@@ -96,6 +106,9 @@ class CorrelationRuns(BaseModel):
     """GET /v1/correlations/{cid}."""
 
     correlation_id: str
+    matched_correlation_id: str = Field(
+        description="The stored id that matched: `correlation_id`, or the id it names."
+    )
     runs: list[RunSummary]
 
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tracestore.cli.common import DbOption, console, fail, reported_errors, settings_for
+from tracestore.cli.common import DbOption, console, fail, reported_errors, store_url
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 app = typer.Typer(help="Database schema migrations (Alembic), run from the installed package.")
 
 
-def _engine(db: str | None):  # type: ignore[no-untyped-def]  # sqlalchemy import kept lazy
+def _engine(db: str | None, *, create: bool = False) -> Engine:
+    """An engine on the store; only `upgrade` may create a new SQLite file."""
     from tracestore.db.engine import create_engine
 
-    return create_engine(settings_for(db).database_url)
+    return create_engine(store_url(db, must_exist=not create))
 
 
 @app.command()
@@ -26,7 +30,7 @@ def upgrade(
     from tracestore.db import migrate
 
     with reported_errors():
-        engine = _engine(db)
+        engine = _engine(db, create=True)
         before = migrate.current_revision(engine)
         migrate.upgrade(engine, revision)
         after = migrate.current_revision(engine)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tracestore.cli.common import (
     DbOption,
@@ -19,11 +16,10 @@ from tracestore.cli.common import (
     err_console,
     fail,
     open_store,
+    output_file,
     reported_errors,
     settings_for,
 )
-
-_RELATIVE = re.compile(r"^(\d+)([dh])$")
 
 
 class Format(StrEnum):
@@ -34,25 +30,26 @@ class Format(StrEnum):
     html = "html"
 
 
-def parse_when(value: str | None) -> datetime | None:
-    """An ISO 8601 date or time (UTC when it has no zone), or `Nd` / `Nh` ago."""
-    if value is None:
-        return None
-    relative = _RELATIVE.match(value.strip())
-    if relative:
-        n, unit = int(relative.group(1)), relative.group(2)
-        return datetime.now(UTC) - (timedelta(days=n) if unit == "d" else timedelta(hours=n))
+def parse_when(value: str | None, name: str = "time") -> datetime | None:
+    """--since / --until in the one grammar of every verb and route (tracestore.timewindow)."""
+    from tracestore.errors import InvalidRequest
+    from tracestore.timewindow import parse_optional
+
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r} is not an ISO 8601 date/time (2026-12-01, 2026-12-01T12:00Z) "
-            "nor a relative time (7d, 12h)"
-        ) from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+        return parse_optional(value, name=name)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message) from None
 
 
 def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_size: int) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     from tracestore.drift.service import recompute
 
     progress = Progress(
@@ -109,8 +106,8 @@ def drift(
     since: Annotated[
         str | None,
         typer.Option(
-            help="Runs received at or after this time: ISO 8601 (UTC if no zone) or 7d / 12h "
-            "ago (default: --days ago)."
+            help="Runs received at or after this time: an ISO date or time (UTC if no zone) "
+            "or a duration back from now: 30m, 12h, 7d, 2w (default: --days ago)."
         ),
     ] = None,
     until: Annotated[
@@ -176,7 +173,7 @@ def drift(
 
     if (stale or run) and not recompute:
         fail("--stale and --run go with --recompute")
-    start, end = parse_when(since), parse_when(until)
+    start, end = parse_when(since, "--since"), parse_when(until, "--until")
     with reported_errors():
         if recompute:
             engine = open_store(db)
@@ -203,16 +200,23 @@ def drift(
         if output is None:
             render_table(report, console)
         else:
-            with output.open("w", encoding="utf-8") as out:
-                render_table(report, Console(file=out, width=120, no_color=True))
+            import io
+
+            from rich.console import Console
+
+            buffer = io.StringIO()
+            render_table(report, Console(file=buffer, width=120, no_color=True))
+            with reported_errors(), output_file(output) as out:
+                out.write(buffer.getvalue().encode())
     else:
         text = render_html(report) if fmt is Format.html else report_json(report).decode()
         if output is None:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         else:
-            output.write_text(text, encoding="utf-8")
+            with reported_errors(), output_file(output) as out:
+                out.write(text.encode())
     if output is not None:
-        err_console.print(f"wrote {output}", highlight=False)
+        err_console.print(f"wrote {output}", highlight=False, markup=False)
 
     rate = report["summary"]["drift_rate"]
     if fail_above is not None and rate is not None and rate > fail_above:

@@ -4,45 +4,103 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.markup import escape
 
 from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
 from tracestore.errors import TracestoreError
-from tracestore.ingest.files import FileItem, iter_file
+from tracestore.ingest.files import (
+    DIRECTORY_PATTERNS,
+    FileItem,
+    UnreadableFile,
+    expand_paths,
+    iter_file,
+    stored_size,
+)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 BATCH_DOCS = 64
 BATCH_BYTES = 8 * 1024 * 1024
 SHOW_PROBLEMS = 20
+
+# Shared with `tracestore demo`, which sends its examples the same way.
+UrlOption = Annotated[
+    str | None,
+    typer.Option(help="Post to a running server at this base URL instead of --db."),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(envvar="TRACESTORE_API_KEY", help="API key for --url."),
+]
+Record = Callable[[FileItem, str, str | None], None]
+
+
+@dataclass
+class Tally:
+    """Outcomes of an ingest: counts by status, and why items were invalid or conflicted."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def record(self, item: FileItem, status: str, reason: str | None) -> None:
+        """Count one item's outcome."""
+        self.counts[status] += 1
+        if status in ("invalid", "conflict"):
+            self.problems.append((status, item.where, reason or ""))
+
+    def print(self) -> None:
+        """Print the closing summary: counts, then the first problems with their reasons."""
+        counts = self.counts
+        summary = ", ".join(
+            f"{counts[s]} {s}" for s in ("created", "duplicate", "conflict", "invalid")
+        )
+        console.print(f"{sum(counts.values())} rollouts: {summary}")
+        for status, where, reason in self.problems[:SHOW_PROBLEMS]:
+            # Text, not markup: run ids and paths may hold brackets ('[/x]').
+            line = escape(f"  {status}: {where}: {reason}")
+            console.print(line, highlight=False, soft_wrap=True)
+        if len(self.problems) > SHOW_PROBLEMS:
+            console.print(f"  ... and {len(self.problems) - SHOW_PROBLEMS} more")
 
 
 def _advance(progress: Progress, task: TaskID, start: int, read: int) -> None:
     progress.update(task, completed=start + read)
 
 
-def _items(paths: list[Path], progress: Progress) -> Iterator[FileItem]:
-    total = sum(p.stat().st_size for p in paths)
+def _items(
+    paths: list[Path | UnreadableFile], progress: Progress, unreadable: list[str]
+) -> Iterator[FileItem]:
+    """The documents of every file; a file that cannot be read is reported (and added to
+    `unreadable`) and the next one read: the documents before the problem still count."""
+    sizes = [stored_size(p) if isinstance(p, Path) else 0 for p in paths]
+    # A FIFO's size is unknown until it ends: the bar then shows activity, not a fraction.
+    total = None if None in sizes else sum(s or 0 for s in sizes)
     task = progress.add_task("ingesting", total=total)
     done = 0
-    for path in paths:
-        progress.update(task, description=path.name)
-        yield from iter_file(path, functools.partial(_advance, progress, task, done))
-        done += path.stat().st_size
-        progress.update(task, completed=done)
+    for path, size in zip(paths, sizes, strict=True):
+        try:
+            if isinstance(path, UnreadableFile):
+                raise path
+            progress.update(task, description=escape(path.name))
+            yield from iter_file(path, functools.partial(_advance, progress, task, done))
+        except UnreadableFile as exc:
+            unreadable.append(exc.message)
+            progress.console.print(
+                f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True
+            )
+        done += size or 0
+        if total is not None:
+            progress.update(task, completed=done)
 
 
-def _batches(items: Iterator[FileItem], record: Any) -> Iterator[list[FileItem]]:
+def _batches(items: Iterator[FileItem], record: Record) -> Iterator[list[FileItem]]:
     """Parsed items in batches of at most BATCH_DOCS / BATCH_BYTES; unparseable ones are
     recorded as invalid on the way."""
     batch: list[FileItem] = []
@@ -60,7 +118,7 @@ def _batches(items: Iterator[FileItem], record: Any) -> Iterator[list[FileItem]]
         yield batch
 
 
-def _direct(db: str | None, items: Iterator[FileItem], record: Any) -> None:
+def _direct(db: str | None, items: Iterator[FileItem], record: Record) -> None:
     from tracestore.ingest.service import ingest_many
 
     engine = open_store(db)
@@ -74,9 +132,13 @@ def _direct(db: str | None, items: Iterator[FileItem], record: Any) -> None:
         engine.dispose()
 
 
-def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: Any) -> None:
+def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: Record) -> None:
     from tracestore.client import TracestoreClient
+    from tracestore_client.cli import route_client_logs
 
+    # The summary and the error line say what happened; the client's retry warnings
+    # would repeat it on stderr.
+    route_client_logs(verbose=False)
     # A few retries ride out a server restart; a server that stays down fails the command.
     with TracestoreClient(url, api_key=api_key, max_retries=3) as client:
         for batch in _batches(items, record):
@@ -86,41 +148,66 @@ def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: An
                 record(item, result["status"], error.get("message"))
 
 
+def send(
+    items: Iterator[FileItem],
+    record: Record,
+    *,
+    db: str | None = None,
+    url: str | None = None,
+    api_key: str | None = None,
+) -> None:
+    """Store `items` in the store at `db`, or post them to the server at `url`; record each.
+
+    Database errors propagate (wrap the call in `reported_errors`); a server that refuses a
+    batch or cannot be reached ends the command with one line on stderr.
+    """
+    if not url:
+        _direct(db, items, record)
+        return
+    import httpx
+
+    from tracestore.client import TracestoreHTTPError
+
+    try:
+        _remote(url, api_key, items, record)
+    except TracestoreHTTPError as exc:
+        fail(f"the server refused the batch: {exc}")
+    except (OSError, httpx.TransportError) as exc:
+        fail(f"cannot reach {url}: {exc}")
+
+
 def ingest(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Files: .json (a rollout or an array), .jsonl/.ndjson (one per line), or .gz.",
-            exists=True,
-            dir_okay=False,
-            readable=True,
+            help="Files: .json (a rollout or an array), .jsonl/.ndjson (one per line), or "
+            "their .gz; FIFOs are read as streams. A directory stands for its files named "
+            f"{', '.join(DIRECTORY_PATTERNS)} (sorted, not recursive).",
+            show_default=False,
         ),
     ],
     db: DbOption = None,
-    url: Annotated[
-        str | None,
-        typer.Option(help="Post to a running server at this base URL instead of --db."),
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="TRACESTORE_API_KEY", help="API key for --url."),
-    ] = None,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Ingest rollout files, with a progress bar and a closing summary.
 
     Exit status: 0 when every rollout was created or a duplicate; 2 when any was invalid or
-    conflicted with a stored rollout of the same run_id.
+    conflicted with a stored rollout of the same run_id, or a file could not be read (each
+    is named as it is met; the other files are still ingested).
     """
     if url and db:
         fail("give --db or --url, not both")
-    counts: Counter[str] = Counter()
-    problems: list[tuple[str, str, str]] = []
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    def record(item: FileItem, status: str, reason: str | None) -> None:
-        counts[status] += 1
-        if status in ("invalid", "conflict"):
-            problems.append((status, item.where, reason or ""))
-
+    tally = Tally()
+    unreadable: list[str] = []
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -128,27 +215,15 @@ def ingest(
         TimeRemainingColumn(),
         console=err_console,
         transient=False,
+        # Piped or logged, a bar is noise: the summary says it all.
+        disable=not err_console.is_terminal,
     )
     with reported_errors(), progress:
-        items = _items(paths, progress)
-        if url:
-            import httpx
-
-            from tracestore.client import TracestoreHTTPError
-
-            try:
-                _remote(url, api_key, items, record)
-            except TracestoreHTTPError as exc:
-                fail(f"the server refused the batch: {exc}")
-            except (OSError, httpx.TransportError) as exc:
-                fail(f"cannot reach {url}: {exc}")
-        else:
-            _direct(db, items, record)
-    summary = ", ".join(f"{counts[s]} {s}" for s in ("created", "duplicate", "conflict", "invalid"))
-    console.print(f"{sum(counts.values())} rollouts: {summary}")
-    for status, where, reason in problems[:SHOW_PROBLEMS]:
-        console.print(f"  {status}: {where}: {reason}", highlight=False, soft_wrap=True)
-    if len(problems) > SHOW_PROBLEMS:
-        console.print(f"  ... and {len(problems) - SHOW_PROBLEMS} more")
-    if problems:
+        items = _items(list(expand_paths(paths)), progress, unreadable)
+        send(items, tally.record, db=db, url=url, api_key=api_key)
+    tally.print()
+    if unreadable:
+        n = len(unreadable)
+        console.print(f"{n} file{'s' if n > 1 else ''} could not be read (named above)")
+    if tally.problems or unreadable:
         raise typer.Exit(2)

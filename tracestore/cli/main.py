@@ -12,14 +12,18 @@ from tracestore.cli import convert as convert_cli
 from tracestore.cli import db as db_cli
 from tracestore.cli import drift as drift_cli
 from tracestore.cli import reports as reports_cli
+from tracestore.cli import spool as spool_cli
 from tracestore.cli.common import (
     DbOption,
+    TracestoreGroup,
     console,
     open_store,
     reported_errors,
     settings_for,
     stdout_is_terminal,
+    store_url,
 )
+from tracestore.cli.demo import demo
 from tracestore.cli.ingest import ingest
 
 app = typer.Typer(
@@ -31,12 +35,16 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Every error is one line on stderr, never a traceback (CONTRACT).
+    cls=TracestoreGroup,
 )
 app.add_typer(db_cli.app, name="db")
 app.command(name="ingest")(ingest)
+app.command(name="demo")(demo)
 convert_cli.register(app)
 drift_cli.register(app)
 reports_cli.register(app)
+spool_cli.register(app)
 
 
 def _version(value: bool) -> None:
@@ -79,7 +87,7 @@ def serve(
         if migrate_db:
             from tracestore.db.engine import create_engine
 
-            engine = create_engine(settings.database_url)
+            engine = create_engine(store_url(db, must_exist=False))
             migrate.upgrade(engine)
         else:
             engine = open_store(db, create_new_sqlite=True)
@@ -138,25 +146,30 @@ def cid(
     with reported_errors():
         engine = open_store(db, create_new_sqlite=False)
         with read_session(engine) as session:
-            runs = runs_by_correlation(session, correlation_id)
+            matched, runs = runs_by_correlation(session, correlation_id)
     if as_json:
         import orjson
 
-        typer.echo(orjson.dumps({"correlation_id": correlation_id, "runs": runs}).decode())
+        body = {"correlation_id": correlation_id, "matched_correlation_id": matched, "runs": runs}
+        typer.echo(orjson.dumps(body).decode())
         return
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"runs of {correlation_id}")
+    # Titles and cells are markup to Rich: ids like '[/x]' are shown as text.
+    shown = correlation_id if matched == correlation_id else f"{correlation_id} (as {matched})"
+    table = Table(title=f"runs of {escape(shown)}")
     for column in ("run_id", "source", "received_at", "trace", "steps", "envs", "mean_return"):
         table.add_column(column)
     for r in runs:
         table.add_row(
-            r["run_id"],
+            Text(r["run_id"]),
             r["correlation_source"] or "-",
             r["received_at"].isoformat(timespec="seconds"),
             r["trace_kind"] or "-",
             str(r["n_steps"]),
-            ",".join(r["env_ids"]) or "-",
+            Text(",".join(r["env_ids"]) or "-"),
             "-" if r["mean_return"] is None else f"{r['mean_return']:g}",
         )
     console.print(table)

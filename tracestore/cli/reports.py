@@ -13,15 +13,19 @@ import typer
 
 from tracestore.cli.common import (
     DbOption,
-    err_console,
     fail,
+    note,
     open_store,
+    output_file,
     reported_errors,
-    settings_for,
+    store_url,
+    working,
 )
 from tracestore.reports.filters import WHEN_HELP
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from tracestore.reports.catalog import Report
     from tracestore.reports.connection import Analytics
     from tracestore.reports.runner import Result
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 _NUMERIC = frozenset(
     {"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT", "DOUBLE", "FLOAT", "DECIMAL"}
 )
+# On a terminal, a column narrower than this is hard to read: when the columns cannot all
+# have it (or their full width), rows are shown one field per line instead.
+READABLE_COLUMN = 16
 
 
 class Format(StrEnum):
@@ -101,7 +108,7 @@ def _live_url(db: str | None) -> str:
     from tracestore.db.engine import normalize_url
     from tracestore.reports.connection import attach_target
 
-    url = settings_for(db).database_url
+    url = store_url(db, must_exist=True)
     # Checked before open_store, which would create an empty file for a wrong path.
     attach_target(normalize_url(url))
     open_store(db, create_new_sqlite=False).dispose()
@@ -127,47 +134,75 @@ def _emit(result: Result, fmt: Format, output: Path | None) -> None:
     from tracestore.reports import output as out
 
     for notice in result.notices:
-        err_console.print(f"[yellow]note:[/] {notice}", highlight=False, soft_wrap=True)
+        note(notice)
     if fmt is Format.parquet:
         if output is None:
             fail("--format parquet writes a file: give -o FILE")
-        out.write_parquet(result, output)
-        return
-    if fmt is Format.json:
+        data = out.to_parquet(result)
+    elif fmt is Format.json:
         data = out.to_json(result)
     elif fmt is Format.csv:
         data = out.to_csv(result).encode()
     else:
         data = _table_text(result, to_terminal=output is None and sys.stdout.isatty())
     if output is not None:
-        output.write_bytes(data)
+        with output_file(output) as sink:
+            sink.write(data)
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
 
 
-def _table_text(result: Result, *, to_terminal: bool) -> bytes:
+def _table_text(result: Result, *, to_terminal: bool, width: int | None = None) -> bytes:
+    """The result as text for people: a table; on a terminal too narrow for its columns,
+    long cells fold onto more lines, and when even that leaves a column unreadable, one
+    record per block with a line per field (like psql's expanded display)."""
     import io
     import shutil
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from tracestore.reports import output as out
 
-    title = result.report.name if result.report is not None else None
+    title = escape(result.report.name) if result.report is not None else None
+    rows = out.text_cells(result)
+    numeric = [t.split("(")[0] in _NUMERIC for t in result.types]
+    columns = result.columns
+    natural = [
+        max([_text_width(name), *(_text_width(r[i]) for r in rows)])
+        for i, name in enumerate(columns)
+    ]
+    width = width or (shutil.get_terminal_size().columns if to_terminal else None)
+    # Rich's default box: a border, then per column two spaces of padding and a border.
+    chrome = 1 + 3 * len(columns)
     table = Table(title=title, title_justify="left")
-    for name, duck_type in zip(result.columns, result.types, strict=True):
-        numeric = duck_type.split("(")[0] in _NUMERIC
-        table.add_column(name, justify="right" if numeric else "left")
-    for cells in out.text_cells(result):
-        table.add_row(*cells)
+    if width is None or sum(natural) + chrome <= width:
+        for name, right in zip(columns, numeric, strict=True):
+            table.add_column(Text(name), justify="right" if right else "left")
+        for cells in rows:
+            table.add_row(*(Text(c) for c in cells))
+    elif sum(min(n, READABLE_COLUMN) for n in natural) + chrome <= width:
+        # Rich narrows the widest columns first; fold keeps every character of a cell.
+        for name, right, n in zip(columns, numeric, natural, strict=True):
+            table.add_column(
+                Text(name),
+                justify="right" if right else "left",
+                overflow="fold",
+                min_width=min(n, READABLE_COLUMN),
+            )
+        for cells in rows:
+            table.add_row(*(Text(c) for c in cells))
+    else:
+        table = _records(title, columns, rows)
     buffer = io.StringIO()
     # On a terminal: its width and colours. Piped or to a file: the table's natural
     # width, plain text.
     console = Console(
         file=buffer,
-        width=shutil.get_terminal_size().columns if to_terminal else 10_000,
+        width=width or 10_000,
         force_terminal=to_terminal,
         no_color=not to_terminal,
         highlight=False,
@@ -176,6 +211,28 @@ def _table_text(result: Result, *, to_terminal: bool) -> bytes:
     if result.table.num_rows == 0:
         console.print("(no rows)")
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).encode() + b"\n"
+
+
+def _text_width(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(line) for line in text.splitlines()), default=0)
+
+
+def _records(title: str | None, columns: list[str], rows: list[list[str]]) -> Table:
+    """One block per row: its number, then a line per column (name, value folded)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE, show_header=False)
+    table.add_column("column", no_wrap=True, style="bold")
+    table.add_column("value", overflow="fold")
+    for number, cells in enumerate(rows, start=1):
+        table.add_row(Text(f"-[ row {number} ]-", style="dim"), "")
+        for i, (name, cell) in enumerate(zip(columns, cells, strict=True)):
+            table.add_row(Text(name), Text(cell), end_section=i == len(columns) - 1)
+    return table
 
 
 def report(
@@ -219,12 +276,13 @@ def report(
             fail("--format parquet writes a file: give -o FILE")
         from tracestore.reports import live
 
-        result = _results(
-            db,
-            snapshot,
-            lambda analytics: run_report(analytics, chosen, filters),
-            lambda url: live.report(url, chosen.name, filters),
-        )
+        with working(f"report {chosen.name}"):
+            result = _results(
+                db,
+                snapshot,
+                lambda analytics: run_report(analytics, chosen, filters),
+                lambda url: live.report(url, chosen.name, filters),
+            )
         _emit(result, fmt, output)
 
 
@@ -275,12 +333,13 @@ def sql(
             fail("--format parquet writes a file: give -o FILE")
         from tracestore.reports import live
 
-        result = _results(
-            db,
-            snapshot,
-            lambda analytics: run_sql(analytics, text),
-            lambda url: live.query(url, text),
-        )
+        with working("query"):
+            result = _results(
+                db,
+                snapshot,
+                lambda analytics: run_sql(analytics, text),
+                lambda url: live.query(url, text),
+            )
         _emit(result, fmt, output)
 
 
@@ -309,7 +368,7 @@ def export(
     from tracestore.reports import live
     from tracestore.reports.filters import Filters
 
-    with reported_errors():
+    with reported_errors(), working(f"exporting to {directory}"):
         filters = Filters.parse(since, until, None)
         url = _live_url(db)
         engine = open_store(db, create_new_sqlite=False)
@@ -319,7 +378,7 @@ def export(
             engine.dispose()
         summary = live.export(url, directory, filters, schema_revision=revision)
     for notice in summary.manifest["source"]["notices"]:
-        err_console.print(f"[yellow]note:[/] {notice}", highlight=False, soft_wrap=True)
+        note(notice)
     rows = summary.rows
     counts = ", ".join(f"{n} {t}" for t, n in rows.items())
     files = sum(len(t["files"]) for t in summary.manifest["tables"].values())

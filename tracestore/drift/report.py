@@ -264,7 +264,14 @@ def render_html(report: dict[str, Any]) -> str:
     ]
     readers = status["phases"][2]["figures"]["readers"]
     reader_rows = [
-        [escape(r["client"]), escape(r["route"]), str(r["reads"]), escape(_when(r["last_seen"]))]
+        [
+            escape(r["client"]),
+            escape(r["route"]),
+            str(r["reads"]),
+            escape(_when(r["last_seen"])),
+            # Figures of older answers (and tests' hand-made ones) may lack the flag.
+            "yes" if r.get("counted", True) else "no (no key or label: a person looking)",
+        ]
         for r in readers
     ]
     worst = report["worst_runs"]
@@ -292,7 +299,9 @@ def render_html(report: dict[str, Any]) -> str:
         "<h2>Runs that cannot be compared</h2>",
         _table(["reason", "runs"], reasons, {1}) if reasons else "<p>None.</p>",
         "<h2>Legacy trajectory readers</h2>",
-        _table(["client", "route", "reads in window", "last seen"], reader_rows, {2})
+        _table(
+            ["client", "route", "reads in window", "last seen", "holds phase 3"], reader_rows, {2}
+        )
         if reader_rows
         else "<p>No legacy read recorded.</p>",
     ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
-from sqlalchemy import Engine, Select, and_, case, func, or_, select
+from sqlalchemy import Engine, Select, and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from tracestore.convert import CONVERTER_VERSION
@@ -37,7 +36,7 @@ from tracestore.errors import InvalidRequest, NotFound
 from tracestore.ingest.service import decompress_document
 from tracestore.models import Run, RunDocument, Trajectory
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
-from tracestore.store.runs import MAX_LIMIT, RunFilter
+from tracestore.store.runs import KEY_LIMIT, MAX_LIMIT, RunFilter
 from tracestore.store.runs import filtered as filtered_runs  # the list's filters, reused
 
 log = logging.getLogger("tracestore.drift")
@@ -51,6 +50,10 @@ LEGACY_ROUTES = {
     "/v1/rollouts/{run_id}/trajectories": "trajectories",
     "/v1/rollouts/{run_id}": "rollout",
 }
+# Reads by this name are a person's look (or a caller that says nothing of itself): listed
+# in phase 3, never counted against its gate (tracestore/api/clients.py).
+UNATTRIBUTED = "anonymous"
+_N_TRAJECTORIES = select(Run.n_trajectories).where(Run.run_id == bindparam("run_id"))
 Verdict = Literal["ready", "not_ready", "insufficient_data"]
 PHASE_NAMES = {
     1: "training reads traces, falling back to trajectories",
@@ -287,7 +290,9 @@ def _decode_cursor(cursor: str) -> tuple[int, int]:
     try:
         data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         run_pk, ordinal = data["run"], data["ord"]
-        if data.get("v") != 1 or not all(type(x) is int for x in (run_pk, ordinal)):
+        if data.get("v") != 1 or not all(
+            type(x) is int and 0 <= x < KEY_LIMIT for x in (run_pk, ordinal)
+        ):
             raise ValueError
         return run_pk, ordinal
     except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
@@ -507,12 +512,19 @@ def _utc(value: object) -> datetime | None:
 
 def _phase3(session: Session, start: datetime, end: datetime) -> dict[str, Any]:
     readers = legacy_readers(session, start, end)
-    reads = sum(r["reads"] for r in readers)
-    active = [r for r in readers if r["reads"]]
+    for r in readers:
+        # A client is a key's name or a self-given label; `anonymous` is a person looking
+        # at a run (a browser, curl without a label), which must not hold the migration.
+        r["counted"] = r["client"] != UNATTRIBUTED
+    counted = [r for r in readers if r["counted"]]
+    reads = sum(r["reads"] for r in counted)
+    unattributed = sum(r["reads"] for r in readers if not r["counted"])
+    active = [r for r in counted if r["reads"]]
     tracked = session.execute(select(func.min(LegacyRead.day))).scalar()
     figures = {
         "legacy_reads": reads,
         "clients_reading": len({r["client"] for r in active}),
+        "unattributed_reads": unattributed,
         "tracked_since": as_date(tracked).isoformat() if tracked is not None else None,
         "readers": readers,
     }
@@ -521,8 +533,13 @@ def _phase3(session: Session, start: datetime, end: datetime) -> dict[str, Any]:
         reasons = [f"{reads} legacy reads in the window by {who}"]
         verdict: Verdict = "not_ready"
     else:
-        reasons = ["no legacy trajectory reads in the window"]
+        reasons = ["no client read legacy trajectories in the window"]
         verdict = "ready"
+    if unattributed:
+        reasons.append(
+            f"{unattributed} reads by callers without an API key or X-Tracestore-Client "
+            "label (a person looking at a run) are listed but not counted"
+        )
     return _phase(3, verdict, reasons, figures)
 
 
@@ -687,11 +704,10 @@ def recompute(
 # --- legacy reads -------------------------------------------------------------------------
 
 
-def client_label(key: str | None) -> str:
-    """A stable, non-secret label for an API key: `key:` + 8 hex of its sha256."""
-    if not key:
-        return "anonymous"
-    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
+def has_trajectories(session: Session, run_id: str) -> bool:
+    """Whether the stored run has trajectories: reading it whole is then a legacy read."""
+    n = session.connection().execute(_N_TRAJECTORIES, {"run_id": run_id}).scalar()
+    return bool(n)
 
 
 class LegacyReadTracker:

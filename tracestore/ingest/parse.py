@@ -8,19 +8,54 @@ import orjson
 from pydantic import ValidationError
 
 from tracestore.errors import InvalidJSON, InvalidRollout
+from tracestore.jsontext import first_repeated_key, repeats_keys, split_array
 from tracestore.wire.rollout import RolloutIn
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Parse one JSON value; NaN/Infinity tokens, lone surrogates and bad UTF-8 are refused.
+    """Parse one JSON value; NaN/Infinity tokens, lone surrogates and bad UTF-8 are refused
+    (400), and so is a key repeated in an object, at any depth (422).
 
     We refuse rather than map NaN to null: the store promises to give back what was sent,
-    and standard JSON has no NaN.
+    and standard JSON has no NaN. A repeated key would make the stored bytes say one thing
+    (the first) and the typed tables another (the parser keeps the last).
     """
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
+    text = raw.encode() if isinstance(raw, str) else raw
+    # The quick count says whether to look; the slow look says which key, and where.
+    found = first_repeated_key(text) if repeats_keys(text, value) else None
+    if found is not None:
+        path, key = found
+        where = _loc((*path, key))
+        raise InvalidRollout(
+            f"the key {key!r} appears twice in one object (at {where}): keys must be unique",
+            errors=[{"path": where, "message": "repeated key"}],
+            key=key,
+        )
+    return value
+
+
+def split_batch_array(raw: bytes) -> list[bytes]:
+    """The items of a JSON-array batch body, each exactly the bytes that were posted.
+
+    InvalidJSON (400) when the body is not JSON, InvalidRollout (422) when it is JSON but
+    not an array. Each item is parsed and checked on its own afterwards.
+    """
+    try:
+        items = split_array(raw)
+    except ValueError as exc:
+        raise InvalidJSON(f"the body is not a valid JSON array: {exc}") from None
+    if items is None:
+        parse_json(raw)  # not an array: say whether it is JSON at all (400) ...
+        raise InvalidRollout(  # ... or JSON of another kind (422)
+            "a batch is a JSON array of RolloutResponses (or NDJSON with "
+            "Content-Type application/x-ndjson)",
+            errors=[{"path": "(document)", "message": "expected an array"}],
+        )
+    return items
 
 
 # The routes under GET /v1/rollouts/{run_id}.
@@ -28,6 +63,7 @@ RUN_SUBRESOURCES = ("/trace", "/trajectories", "/drift")
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
+    """A path as the errors write it: trajectories[0].steps[1].obs."""
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -48,6 +84,14 @@ def validate_rollout(doc: object) -> dict[str, Any]:
         raise InvalidRollout(
             "not a valid RolloutResponse: run_id must not contain NUL (\\u0000)",
             errors=[{"path": "run_id", "message": "contains NUL"}],
+        )
+    if isinstance(run_id, str) and run_id and not run_id.strip("."):
+        # `.` and `..` are dot segments of a URL: clients resolve them away before sending
+        # (GET /v1/rollouts/.. asks for /v1/), so such a run could never be fetched.
+        raise InvalidRollout(
+            "not a valid RolloutResponse: run_id must not consist of dots only (URLs "
+            "resolve '.' and '..' away)",
+            errors=[{"path": "run_id", "message": "dots only"}],
         )
     # removesuffix: a route's `$` also matches before one final newline.
     if isinstance(run_id, str) and run_id.removesuffix("\n").endswith(RUN_SUBRESOURCES):

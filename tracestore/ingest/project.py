@@ -367,6 +367,8 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
             errors=t.errors[:50],
         )
     top = traces[0] if traces and traces[0].trace["trajectory_idx"] is None else None
+    first = traj_rows[0] if traj_rows else {}
+    meta = top.trace["metadata"] if top else None
     run = {
         "run_id": doc["run_id"],
         "correlation_id": resolution.correlation_id,
@@ -386,6 +388,11 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
         "ops_executed": doc.get("ops_executed", 0),
         "branches": doc.get("branches"),
         "pipeline_metadata": doc.get("pipeline_metadata"),
+        # As reports/views.sql reads a run's env and policy, and its steps when it has
+        # no trajectory steps (the environment events of its run-level trace).
+        "env_id": _either(first.get("env_id"), _named_id(meta, "env_id")),
+        "policy_id": _either(first.get("policy_id"), _named_id(meta, "policy_id")),
+        "n_trace_steps": _environment_events(top),
     }
     return RolloutRows(run=run, trajectories=traj_rows, steps=step_rows, traces=traces)
 
@@ -393,6 +400,30 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
 # Indexed text columns: PostgreSQL's btree refuses entries over ~2.7 KB, so identifiers
 # are bounded (in UTF-8 bytes) and a longer one is a clear 422, not a database error.
 MAX_ID_BYTES = 1024
+
+
+def _either(first: str | None, second: str | None) -> str | None:
+    return first if first is not None else second  # SQL's coalesce: "" counts
+
+
+def _environment_events(trace: TraceRows | None) -> int:
+    if trace is None:
+        return 0
+    return sum(1 for event in trace.events if event["event_type"] == "environment")
+
+
+def _named_id(metadata: object, key: str) -> str | None:
+    """The id a trace's metadata names under `key`: a string of at most MAX_ID_BYTES.
+
+    Anything else is not an identifier: it stays in the trace's metadata, unindexed,
+    rather than refusing a rollout over its metadata.
+    """
+    if not isinstance(metadata, Mapping):
+        return None
+    value = metadata.get(key)
+    if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        return None
+    return value
 
 
 def _check_indexed(

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import orjson
 import zstandard
 from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +22,7 @@ from tracestore.drift.store import drift_rows, write_drift_many
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.ingest.project import RolloutRows, TraceRows, project_rollout
+from tracestore.jsontext import loads_exact
 from tracestore.models import (
     Run,
     RunDocument,
@@ -33,6 +33,7 @@ from tracestore.models import (
     TraceTimeStep,
     Trajectory,
 )
+from tracestore.wire.datetimes import with_instants
 from tracestore.wire.trace import reusing_views
 
 Status = Literal["created", "duplicate", "conflict", "invalid"]
@@ -66,8 +67,9 @@ def content_hash(raw: bytes) -> str:
 
     A retry almost always resends the same bytes, so equal hashes settle `duplicate` at
     once; different bytes may still be the same JSON value (other key order or spacing),
-    which `_existing` decides by comparing the values. Hashing the bytes, rather than a
-    canonical re-serialization, spares a second copy of every document in memory.
+    which `_answer_existing` decides by comparing the values exactly (numbers as decimals,
+    never floats). Hashing the bytes, rather than a canonical re-serialization, spares a
+    second copy of every document in memory.
     """
     return hashlib.sha256(raw).hexdigest()
 
@@ -210,8 +212,18 @@ def _answer_existing(conn: Connection, prepared: Prepared, run: Any) -> IngestRe
     doc_row = conn.execute(
         select(DOCUMENTS.c.body, DOCUMENTS.c.encoding).where(DOCUMENTS.c.run_pk == run.id)
     ).one()
-    stored = orjson.loads(decompress_document(doc_row.body, doc_row.encoding))
-    parts = _differing_parts(stored, prepared.doc)
+    # Compared exactly: through floats, 30-digit integers that differ in the last digit
+    # (or 1e-400 and 0) would look equal and other content would pass as a duplicate.
+    stored = loads_exact(decompress_document(doc_row.body, doc_row.encoding))
+    posted = loads_exact(prepared.raw)
+    parts = _differing_parts(stored, posted)
+    if parts:
+        # One instant written in another of its forms (an ISO string where the task app
+        # wrote a Python repr, SPEC §2) is the same rollout posted again.
+        parts = _differing_parts(
+            {k: with_instants(stored[k]) for k in parts if k in stored},
+            {k: with_instants(posted[k]) for k in parts if k in posted},
+        )
     if not parts:
         return duplicate  # the same JSON value, spelled differently
     error = Conflict(
@@ -445,6 +457,8 @@ def ingest_many(engine: Engine, items: Sequence[tuple[bytes, Any]]) -> list[Inge
     with cyclic_gc_paused():  # across the batch: its parsed documents are all alive
         for raw, doc in items:
             try:
+                if doc is _MISSING:
+                    doc = parse_json(raw)  # here, so a refusal can still name the run_id
                 ready.append((len(results), prepare(raw, doc)))
                 results.append(None)
             except TracestoreError as exc:

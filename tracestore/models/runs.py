@@ -43,10 +43,20 @@ class Run(Base):
     content_hash: Mapped[str]
     # Size of the document as received, in bytes.
     doc_bytes: Mapped[int]
+    # The run's env and policy as the reports read them (reports/views.sql, run_facts): its
+    # first trajectory's, else the string its run-level trace's metadata names. Filters
+    # match these besides every trajectory's, so runs without trajectories are found too.
+    env_id: Mapped[str | None]
+    policy_id: Mapped[str | None]
+    # Environment events of the run-level full or wrapped trace: the decision steps of a
+    # run without trajectory steps (n_steps counts trajectory steps only).
+    n_trace_steps: Mapped[int] = mapped_column(server_default="0")
 
     __table_args__ = (
         Index("ix_runs_correlation_id", "correlation_id"),
         Index("ix_runs_received_at", "received_at"),
+        Index("ix_runs_env_id", "env_id"),
+        Index("ix_runs_policy_id", "policy_id"),
     )
 
 

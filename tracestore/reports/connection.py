@@ -23,7 +23,7 @@ import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
@@ -56,6 +56,7 @@ EXTENSIONS = {
     "postgresql": ("duckdb_extension_postgres_scanner", "postgres_scanner", "postgres"),
 }
 _ARROW_BATCH_ROWS = 50_000
+T = TypeVar("T")
 # True in the analytics child process (reports/live.py), the one place a live SQLite
 # store may be attached by DuckDB's own SQLite library.
 _SQLITE_ATTACH_ALLOWED = False
@@ -249,15 +250,20 @@ class Analytics:
 
     def fetch(self, sql: str, params: dict[str, Any] | None = None) -> tuple[pa.Table, list[str]]:
         """Run a SELECT; return its rows as Arrow and its DuckDB column types."""
+        return self.retrying(lambda: self._fetch(sql, params))
+
+    def retrying(self, work: Callable[[], T]) -> T:
+        """Run `work` (DuckDB statements over the store); run it once more after reading
+        through SQLAlchemy the tables the sqlite scanner refused."""
         try:
-            return self._fetch(sql, params)
+            return work()
         except duckdb.Error as exc:
             # A SQLite JSON column holds a bare number (its NUMERIC affinity stored the
             # JSON text `5` as an integer), which the scanner refuses: read the affected
             # tables through SQLAlchemy and try once more.
             mismatch = "Mismatch Type Error" in str(exc)
             if mismatch and self._reload is not None and self._reload():
-                return self._fetch(sql, params)
+                return work()
             raise
 
     def _fetch(self, sql: str, params: dict[str, Any] | None) -> tuple[pa.Table, list[str]]:

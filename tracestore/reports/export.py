@@ -196,7 +196,15 @@ def _export(analytics: Analytics, tmp: Path, filters: Filters) -> dict[str, Any]
     for name in model_tables():
         if name not in analytics.tables or name in EXCLUDED_TABLES:
             continue
-        tables[name] = _write_table(analytics, tmp, name, _describe(analytics, name))
+
+        def write(name: str = name) -> dict[str, Any]:
+            # A retry starts over: a failed COPY may have left some partitions behind.
+            shutil.rmtree(tmp / name, ignore_errors=True)
+            return _write_table(analytics, tmp, name, _describe(analytics, name))
+
+        # On SQLite a JSON column holding a bare number trips the scanner mid-COPY: the
+        # table is then read through SQLAlchemy and written again (as `report` does).
+        tables[name] = analytics.retrying(write)
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

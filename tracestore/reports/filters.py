@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from tracestore.errors import InvalidRequest
 
-_RELATIVE = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhdw])\s*$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-WHEN_HELP = (
-    "an ISO date or time (2025-11-20, 2025-11-20T12:00:00Z; no zone means UTC) "
-    "or a duration back from now (30m, 12h, 7d, 2w)"
-)
+# The time grammar is shared with the API and the command line (tracestore/timewindow.py);
+# these names stay importable from here.
+from tracestore.timewindow import WHEN_HELP, parse_when
 
-
-def parse_when(text: str, *, name: str = "time", now: datetime | None = None) -> datetime:
-    """Parse an ISO date/time (naive means UTC) or a duration back from now, to aware UTC."""
-    try:
-        relative = _RELATIVE.match(text)
-        if relative is not None:
-            delta = timedelta(**{_UNITS[relative["unit"]]: float(relative["n"])})
-            return (now or datetime.now(UTC)) - delta
-        value = datetime.fromisoformat(text.strip())
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (ValueError, OverflowError):
-        # Not a time, or one outside the years 1 to 9999 once made UTC.
-        raise InvalidRequest(
-            f"{name}: cannot read {text!r}: use {WHEN_HELP}", **{name: text}
-        ) from None
+__all__ = ["WHEN_HELP", "Filters", "parse_when"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +12,7 @@ import duckdb
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 
+from tracestore.db.types import pg_safe
 from tracestore.errors import InvalidRequest
 from tracestore.reports.catalog import Report
 from tracestore.reports.connection import Analytics, AnalyticsError, first_line
@@ -20,6 +23,11 @@ from tracestore.reports.filters import Filters
 # that run SQL text the check below cannot see (query, query_table).
 _DENIED_PREFIXES = ("postgres_", "sqlite_")
 _DENIED = frozenset({"query", "query_table", "pg_clear_cache"})
+# Where a DuckDB error message starts quoting SQL: the statements it sends to the store
+# (postgres_scanner's `COPY (SELECT ...`) are internals, not for the user.
+_QUOTED_SQL = re.compile(r"""["']?\b(?:COPY \(|SELECT\b)""")
+
+log = logging.getLogger("tracestore.reports")
 
 
 @dataclass(slots=True)
@@ -39,13 +47,27 @@ class Result:
         return list(self.table.column_names)
 
 
+def public_reason(exc: BaseException) -> str:
+    """The first line of a DuckDB error, cut before any SQL text it quotes."""
+    text = first_line(exc)
+    quoted = _QUOTED_SQL.search(text)
+    if quoted is None:
+        return text
+    return text[: quoted.start()].rstrip(" :") + " (the statement is in the server log)"
+
+
 def run_report(analytics: Analytics, report: Report, filters: Filters) -> Result:
     """Run `report` over `analytics` with `filters` bound as prepared parameters."""
     params = filters.bind(report.parameters, report.name)
+    if analytics.source == "postgresql" and isinstance(params.get("env"), str):
+        # The store's typed columns hold U+2400 for NUL on PostgreSQL (db/types.py), and a
+        # NUL cannot even travel to it: look for what is stored, as the API's filters do.
+        params["env"] = pg_safe(params["env"])
     try:
         table, types = analytics.fetch(report.sql, params)
     except duckdb.Error as exc:
-        raise AnalyticsError(f"report {report.name} failed: {first_line(exc)}") from exc
+        log.warning("report %s failed: %s", report.name, exc)
+        raise AnalyticsError(f"report {report.name} failed: {public_reason(exc)}") from exc
     notices = list(analytics.notices)
     absent = [t for t in report.requires if t in analytics.missing]
     if absent:

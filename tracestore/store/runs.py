@@ -12,12 +12,16 @@ import orjson
 from sqlalchemy import BindParameter, Select, bindparam, select, union
 from sqlalchemy.orm import Session
 
+from tracestore.correlation import lookup_forms
 from tracestore.drift.store import drift_kinds_for, has_drift_clause
 from tracestore.errors import InvalidRequest, NotFound
 from tracestore.ingest.service import decompress_document
 from tracestore.models import Run, RunDocument, Trajectory
 
 MAX_LIMIT = 1000
+# Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
+# (and binding it would fail in the driver).
+KEY_LIMIT = 2**63
 SUMMARY_COLUMNS = (
     Run.id,
     Run.run_id,
@@ -32,6 +36,9 @@ SUMMARY_COLUMNS = (
     Run.mean_return,
     Run.aborted,
     Run.doc_bytes,
+    Run.env_id,
+    Run.policy_id,
+    Run.n_trace_steps,
 )
 
 
@@ -83,7 +90,7 @@ def decode_cursor(cursor: str) -> int:
     try:
         data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         before = data["before"]
-        if data.get("v") != 1 or not isinstance(before, int) or isinstance(before, bool):
+        if data.get("v") != 1 or type(before) is not int or not 0 <= before < KEY_LIMIT:
             raise ValueError
         return before
     except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError):
@@ -108,13 +115,25 @@ _BY_CID = select(*SUMMARY_COLUMNS).where(Run.id.in_(runs_of_cid(_CID))).order_by
 def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
     if f.correlation_id is not None:
         query = query.where(Run.id.in_(runs_of_cid(f.correlation_id)))
+    # A run's own env / policy (its first trajectory's, else its trace's: runs without
+    # trajectories have only that) or any trajectory's: a UNION of index look-ups, as above.
     if f.env_id is not None:
         query = query.where(
-            Run.id.in_(select(Trajectory.run_pk).where(Trajectory.env_id == f.env_id))
+            Run.id.in_(
+                union(
+                    select(Run.id).where(Run.env_id == f.env_id),
+                    select(Trajectory.run_pk).where(Trajectory.env_id == f.env_id),
+                )
+            )
         )
     if f.policy_id is not None:
         query = query.where(
-            Run.id.in_(select(Trajectory.run_pk).where(Trajectory.policy_id == f.policy_id))
+            Run.id.in_(
+                union(
+                    select(Run.id).where(Run.policy_id == f.policy_id),
+                    select(Trajectory.run_pk).where(Trajectory.policy_id == f.policy_id),
+                )
+            )
         )
     if f.since is not None:
         query = query.where(Run.received_at >= f.since)
@@ -131,6 +150,13 @@ def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any
     return query
 
 
+def _step_source(row: Any) -> str:
+    """Where a run's decision steps come from, as reports/views.sql decides it."""
+    if row.n_steps == 0 and row.trace_kind in ("full", "wrapped"):
+        return "trace"
+    return "trajectory"
+
+
 def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
     pks = [r.id for r in rows]
     kinds = drift_kinds_for(session, pks)
@@ -142,6 +168,12 @@ def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
                 envs[t.run_pk].append(t.env_id)
             if t.policy_id is not None and t.policy_id not in policies.setdefault(t.run_pk, []):
                 policies[t.run_pk].append(t.policy_id)
+    for r in rows:
+        # The run's own (a trace-only run's come from its trace), after its trajectories'.
+        if r.env_id is not None and r.env_id not in envs.setdefault(r.id, []):
+            envs[r.id].append(r.env_id)
+        if r.policy_id is not None and r.policy_id not in policies.setdefault(r.id, []):
+            policies[r.id].append(r.policy_id)
     return [
         {
             "run_id": r.run_id,
@@ -150,7 +182,10 @@ def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
             "received_at": r.received_at,
             "trace_kind": r.trace_kind,
             "n_trajectories": r.n_trajectories,
-            "n_steps": r.n_steps,
+            # Decision steps: trajectory steps, or for a run without any, the environment
+            # events of its trace (as the reports count them).
+            "n_steps": r.n_steps or r.n_trace_steps,
+            "step_source": _step_source(r),
             "n_events": r.n_events,
             "n_messages": r.n_messages,
             "env_ids": envs.get(r.id, []),
@@ -181,9 +216,15 @@ def list_runs(
     return _summaries(session, rows), (encode_cursor(rows[-1].id) if more else None)
 
 
-def runs_by_correlation(session: Session, cid: str) -> list[dict[str, Any]]:
-    """Every run whose canonical or per-trajectory cid is `cid` (NotFound when none)."""
-    rows = list(session.connection().execute(_BY_CID, {"cid": cid}))
-    if not rows:
-        raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
-    return _summaries(session, rows)
+def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str, Any]]]:
+    """The stored id that `cid` matched and its runs: those whose canonical or
+    per-trajectory cid it is (NotFound when none).
+
+    `cid` itself is tried first, then the id a URL value written as synth-ai's extractor
+    reads it names (`correlation.lookup_forms`).
+    """
+    for form in lookup_forms(cid):
+        rows = list(session.connection().execute(_BY_CID, {"cid": form}))
+        if rows:
+            return form, _summaries(session, rows)
+    raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)

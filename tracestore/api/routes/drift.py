@@ -19,8 +19,17 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tracestore.api.deps import ReadSessionDep, StateDep, presented_key
-from tracestore.api.params import RUN_PATH, RunIdPath, instant
+from tracestore.api.clients import LEGACY_STATE, ClientLabels, reader
+from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.params import (
+    ENV_HELP,
+    POLICY_HELP,
+    RUN_PATH,
+    RunIdPath,
+    SinceQuery,
+    UntilQuery,
+    since_until,
+)
 from tracestore.api.schemas import error_responses
 from tracestore.drift import DRIFT_KINDS
 from tracestore.drift.report import render_html
@@ -30,7 +39,6 @@ from tracestore.drift.service import (
     LEGACY_ROUTES,
     DriftFilter,
     LegacyReadTracker,
-    client_label,
     findings_page,
     metric_figures,
     migration_status,
@@ -44,9 +52,11 @@ from tracestore.store.runs import MAX_LIMIT, RunFilter
 
 log = logging.getLogger("tracestore.api")
 
-# Routes under /v1 need an API key when keys are configured; `public` ones do not.
+# Routes under /v1 and the HTML page need an API key when keys are configured; /metrics
+# too, unless TRACESTORE_METRICS_PUBLIC (api/app.py adds the dependencies).
 router = APIRouter(prefix="/v1", tags=["drift"])
-public = APIRouter(tags=["reports"])
+pages = APIRouter(tags=["reports"])
+metrics_router = APIRouter(tags=["reports"])
 
 # Legacy reads are counted in memory and written this often (and at shutdown).
 FLUSH_SECONDS = 5.0
@@ -169,10 +179,9 @@ class MigrationStatusOut(BaseModel):
 
 # --- parameters ---------------------------------------------------------------------------
 
-EnvQuery = Annotated[str | None, Query(description="Runs with a trajectory of this env_id.")]
-PolicyQuery = Annotated[str | None, Query(description="Runs with a trajectory of this policy_id.")]
-SinceQuery = Annotated[datetime | None, Query(description="received_at >= since (ISO 8601).")]
-UntilQuery = Annotated[datetime | None, Query(description="received_at < until (ISO 8601).")]
+# since / until: the one time grammar of every route (api/params.py).
+EnvQuery = Annotated[str | None, Query(description=ENV_HELP)]
+PolicyQuery = Annotated[str | None, Query(description=POLICY_HELP)]
 KindQuery = Annotated[
     str | None,
     Query(description=f"Count and list only this drift kind: {', '.join(DRIFT_KINDS)}."),
@@ -242,13 +251,14 @@ def get_drift(
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
     """Summarize drift."""
+    start, end = since_until(since, until)
     f = DriftFilter(
         RunFilter(
             correlation_id=correlation_id,
             env_id=env_id,
             policy_id=policy_id,
-            since=instant(since),
-            until=instant(until),
+            since=start,
+            until=end,
             trace_kind=trace_kind,
         ),
         kind=kind,
@@ -266,10 +276,12 @@ def get_drift(
         "runs with a usable trace (full or wrapped, with environment events) and share of "
         "dual-serialized runs whose trace alone reproduces the trajectory steps (gate: "
         "1 - budget). Phase 2: drift rate over comparable runs against the budget. Phase 3: "
-        "reads of legacy trajectories (GET /v1/rollouts/{run_id}/trajectories and "
-        "/v1/rollouts/{run_id}) per client and day, and when each client was last seen; "
-        "ready when there were none in the window. Verdicts: ready, not_ready, "
-        "insufficient_data."
+        "reads of legacy trajectories (GET /v1/rollouts/{run_id}/trajectories, and "
+        "/v1/rollouts/{run_id} of a run with trajectories) per client and day, and when each "
+        "client was last seen; ready when no client read any in the window. A client is an "
+        "API key's name or, without keys, the X-Tracestore-Client label; reads by callers "
+        "with neither, and browser page loads, are listed as `anonymous` and not counted. "
+        "Verdicts: ready, not_ready, insufficient_data."
     ),
     responses=error_responses(401, 422),
 )
@@ -285,7 +297,7 @@ def get_migration_status(
 ) -> dict[str, Any]:
     """Report the migration gates."""
     _flush_reads(request, state.engine)
-    start, end = window(instant(since), instant(until), days)
+    start, end = window(*since_until(since, until), days)
     return migration_status(
         session,
         start,
@@ -295,7 +307,7 @@ def get_migration_status(
     )
 
 
-@public.get(
+@pages.get(
     "/reports/drift",
     response_class=HTMLResponse,
     summary="The drift report: one self-contained HTML page.",
@@ -304,7 +316,7 @@ def get_migration_status(
         "runs with their findings, and the migration verdicts, over the window (default: "
         "the last 30 days). The page loads nothing else."
     ),
-    responses={200: {"content": {"text/html": {}}}, **error_responses(422)},
+    responses={200: {"content": {"text/html": {}}}, **error_responses(401, 422)},
 )
 def get_report(
     request: Request,
@@ -320,7 +332,7 @@ def get_report(
 ) -> HTMLResponse:
     """Render the drift report."""
     _flush_reads(request, state.engine)
-    start, end = window(instant(since), instant(until), days)
+    start, end = window(*since_until(since, until), days)
     f = DriftFilter(
         RunFilter(env_id=env_id, policy_id=policy_id, since=start, until=end), kind=kind
     )
@@ -330,17 +342,19 @@ def get_report(
     return HTMLResponse(render_html(report))
 
 
-@public.get(
+@metrics_router.get(
     "/metrics",
     summary="Prometheus metrics (text format).",
     description=(
         "`tracestore_ingest_rollouts_total{status}`, "
         "`tracestore_http_request_duration_seconds{method,route,status}`, "
-        "`tracestore_legacy_reads_total{client,route}` (this process), and "
-        "`tracestore_drift_findings{kind}`, `tracestore_drift_runs{state}` (the whole store)."
+        "`tracestore_legacy_reads_total{client,route}` (this process; `client` is a key's "
+        "name, a bounded X-Tracestore-Client label, `other`, `unknown-key` or `anonymous`), "
+        "and `tracestore_drift_findings{kind}`, `tracestore_drift_runs{state}` (the whole "
+        "store). Needs a key when keys are set, unless TRACESTORE_METRICS_PUBLIC=true."
     ),
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}},
+    responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}, **error_responses(401)},
 )
 def get_metrics(request: Request, session: ReadSessionDep) -> Response:
     """Expose the metrics."""
@@ -364,6 +378,7 @@ class DriftAppState:
 
     metrics: Metrics
     tracker: LegacyReadTracker
+    labels: ClientLabels
 
 
 def _drift_state(request: Request) -> DriftAppState:
@@ -435,10 +450,12 @@ class DriftMiddleware:
         metrics = self.state.metrics
         metrics.requests.labels(method=method, route=route, status=str(status)).observe(seconds)
         if method == "GET" and status == 200 and route in LEGACY_ROUTES:
-            request = Request(scope)
-            client = client_label(presented_key(request))
-            self.state.tracker.record(client, LEGACY_ROUTES[route])
-            metrics.legacy_reads.labels(client=client, route=LEGACY_ROUTES[route]).inc()
+            # The whole-run route says whether the run had trajectories (LEGACY_STATE);
+            # reading a trace-only run is no legacy read.
+            if LEGACY_ROUTES[route] != "rollout" or scope.get("state", {}).get(LEGACY_STATE):
+                client = reader(scope, self.state.labels)
+                self.state.tracker.record(client, LEGACY_ROUTES[route])
+                metrics.legacy_reads.labels(client=client, route=LEGACY_ROUTES[route]).inc()
         elif method == "POST" and route == INGEST_ROUTE:
             outcome = _INGEST_STATUS.get(status, "invalid" if status in _INVALID_STATUSES else "")
             if outcome:
@@ -490,6 +507,6 @@ def _route(scope: Scope) -> str:
 
 def install(app: FastAPI) -> None:
     """Add what the drift service needs beyond routes (middleware, startup work)."""
-    state = DriftAppState(Metrics(), LegacyReadTracker())
+    state = DriftAppState(Metrics(), LegacyReadTracker(), ClientLabels())
     app.state.drift = state
     app.add_middleware(DriftMiddleware, state=state)

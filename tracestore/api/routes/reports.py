@@ -10,7 +10,9 @@ from starlette.responses import Response
 
 from tracestore.api.deps import StateDep
 from tracestore.api.errors import JSONBody
+from tracestore.api.params import ENV_HELP, SinceQuery, UntilQuery
 from tracestore.api.schemas import error_responses
+from tracestore.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -21,18 +23,15 @@ if TYPE_CHECKING:
 
 router = APIRouter(prefix="/v1", tags=["reports"])
 
-_WHEN = (
-    "An ISO date or time (`2025-11-20`, `2025-11-20T12:00:00Z`; no zone means UTC) or a "
-    "duration back from now (`30m`, `12h`, `7d`, `2w`)."
-)
-
 
 class ReportInfo(BaseModel):
     """A named report."""
 
     name: str = Field(examples=["returns"])
     description: str
-    parameters: list[str] = Field(description="The filters it takes: since, until, env.")
+    parameters: list[str] = Field(
+        description="The filters it takes: since, until, env (the query parameter env_id)."
+    )
 
 
 class ReportList(BaseModel):
@@ -106,11 +105,13 @@ def list_reports_route() -> JSONBody:
 def run_report_route(
     state: StateDep,
     name: Annotated[str, Path(description="Report name (see GET /v1/reports).")],
-    since: Annotated[
-        str | None, Query(description=f"Runs received at or after this. {_WHEN}")
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    env_id: Annotated[str | None, Query(description=ENV_HELP)] = None,
+    env: Annotated[
+        str | None,
+        Query(description="The former name of `env_id`, still accepted.", deprecated=True),
     ] = None,
-    until: Annotated[str | None, Query(description=f"Runs received before this. {_WHEN}")] = None,
-    env: Annotated[str | None, Query(description="Only this environment (env_id).")] = None,
     fmt: Annotated[
         Literal["json", "csv", "parquet"], Query(alias="format", description="Response format.")
     ] = "json",
@@ -121,7 +122,7 @@ def run_report_route(
     from tracestore.reports.filters import Filters
 
     report = get_report(name)
-    filters = Filters.parse(since, until, env)
+    filters = Filters.parse(since, until, _one_env(env_id, env))
     result = _run(state.engine, report, filters)
     if fmt == "csv":
         return Response(output.to_csv(result), media_type="text/csv; charset=utf-8")
@@ -132,6 +133,17 @@ def run_report_route(
             headers={"Content-Disposition": f'attachment; filename="{report.name}.parquet"'},
         )
     return JSONBody(output.document(result))
+
+
+def _one_env(env_id: str | None, env: str | None) -> str | None:
+    """`env_id`, or its former name `env` (kept so that no existing caller breaks)."""
+    if env_id is not None and env is not None and env_id != env:
+        raise InvalidRequest(
+            "env_id and env (its former name) name different environments: give one",
+            env_id=env_id,
+            env=env,
+        )
+    return env_id if env_id is not None else env
 
 
 def _run(engine: Engine, report: Report, filters: Filters) -> Result:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from tracestore.api.body import NDJSON_TYPES, is_json, media_type, read_body, require_json
+from tracestore.api.clients import LEGACY_STATE
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.errors import JSONBody, error_body, status_of
-from tracestore.api.params import RUN_PATH, RunIdPath, instant
+from tracestore.api.params import (
+    ENV_HELP,
+    POLICY_HELP,
+    RUN_PATH,
+    RunIdPath,
+    SinceQuery,
+    UntilQuery,
+    since_until,
+)
 from tracestore.api.schemas import (
     Accepted,
     BatchResult,
@@ -19,15 +27,15 @@ from tracestore.api.schemas import (
     RunList,
     error_responses,
 )
-from tracestore.errors import InvalidJSON, InvalidRollout, PayloadTooLarge, UnsupportedMediaType
-from tracestore.ingest.parse import parse_json
+from tracestore.drift.service import has_trajectories
+from tracestore.errors import EmptyBatch, PayloadTooLarge, UnsupportedMediaType
+from tracestore.ingest.parse import split_batch_array
 from tracestore.ingest.service import (
     IngestResult,
     cyclic_gc_paused,
     ingest_bytes,
-    ingest_many,
+    ingest_raw_many,
 )
-from tracestore.jsontext import dumps
 from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
@@ -49,8 +57,10 @@ def _result_status(result: IngestResult) -> int:
     description=(
         "Stores the rollout in one transaction (all or nothing). 201 `created`; 200 "
         "`duplicate` when the run_id exists with the same content; 409 `conflict` when it "
-        "exists with other content. `Content-Encoding: gzip` is accepted. NaN/Infinity "
-        "tokens are refused (400): standard JSON has none."
+        "exists with other content (compared exactly: numbers by their decimal value, never "
+        "through floats). `Content-Encoding: gzip` is accepted. NaN/Infinity tokens are "
+        "refused (400): standard JSON has none. A key repeated in an object, at any depth, "
+        "is refused (422, naming it), and so is a run_id of dots only."
     ),
     responses={
         200: {"model": Accepted, "description": "Duplicate: already stored, nothing written."},
@@ -76,30 +86,25 @@ async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     return JSONBody(result.to_json(), status_code=_result_status(result))
 
 
-def _split_batch(raw: bytes, ndjson: bool) -> list[tuple[bytes, Any]]:
-    """Items of a batch body as (raw bytes, parsed value or an error)."""
-    if not ndjson:
-        value = parse_json(raw)
-        if not isinstance(value, list):
-            raise InvalidRollout(
-                "a batch is a JSON array of RolloutResponses (or NDJSON with "
-                "Content-Type application/x-ndjson)",
-                errors=[{"path": "(document)", "message": "expected an array"}],
-            )
-        return [(dumps(item), item) for item in value]
-    items: list[tuple[bytes, Any]] = []
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        try:
-            items.append((line, parse_json(line)))
-        except InvalidJSON as exc:
-            items.append((line, exc))
+def _split_batch(raw: bytes, ndjson: bool) -> list[bytes]:
+    """The items of a batch body, each exactly the bytes that were posted for it."""
+    if ndjson:
+        items = [line for line in raw.splitlines() if line.strip()]
+    elif raw.strip():
+        items = split_batch_array(raw)
+    else:
+        items = []
+    if not items:
+        # Not a 207 with total 0: that reads as success to a client whose body was lost.
+        raise EmptyBatch(
+            "the batch holds no rollouts: send a JSON array of them, or NDJSON with one per "
+            "line (Content-Type application/x-ndjson)"
+        )
     return items
 
 
 def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
-    with cyclic_gc_paused():  # parsing the items: see ingest.service.cyclic_gc_paused
+    with cyclic_gc_paused():  # finding the items: see ingest.service.cyclic_gc_paused
         items = _split_batch(raw, ndjson)
     limit = state.settings.max_batch_items
     if len(items) > limit:
@@ -108,19 +113,7 @@ def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
         )
     results: list[dict[str, Any]] = []
     counts = {"created": 0, "duplicate": 0, "conflict": 0, "invalid": 0}
-    good = [(i, item) for i, item in enumerate(items) if not isinstance(item[1], InvalidJSON)]
-    outcomes = dict(
-        zip(
-            (i for i, _ in good),
-            ingest_many(state.engine, [item for _, item in good]),
-            strict=True,
-        )
-    )
-    for index, (_raw, value) in enumerate(items):
-        if isinstance(value, InvalidJSON):
-            result = IngestResult(run_id=None, status="invalid", error=value)
-        else:
-            result = outcomes[index]
+    for index, result in enumerate(ingest_raw_many(state.engine, items)):
         counts[result.status] += 1
         results.append({"index": index, "http_status": _result_status(result), **result.to_json()})
     return {"results": results, "summary": {"total": len(items), **counts}}
@@ -133,7 +126,10 @@ def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
     summary="Ingest many rollouts: a JSON array, or NDJSON.",
     description=(
         "Each rollout stands or falls alone (its own transaction). 207 with one result per "
-        "item, in order, and a summary. Send NDJSON with `Content-Type: application/x-ndjson`."
+        "item, in order, and a summary. Send NDJSON with `Content-Type: application/x-ndjson`. "
+        "Each item is stored as the bytes it has in the body (a JSON array's element as "
+        "written there, an NDJSON line). A batch without any rollout (an empty body, `[]`, "
+        "NDJSON without a line) is 422 `empty_batch`."
     ),
     responses=error_responses(400, 401, 413, 415, 422),
     openapi_extra={
@@ -172,9 +168,12 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     },
     response_class=Response,
 )
-def get_rollout(run_id: RunIdPath, session: ReadSessionDep) -> Response:
+def get_rollout(run_id: RunIdPath, request: Request, session: ReadSessionDep) -> Response:
     """Return a stored rollout."""
-    return Response(get_document(session, run_id), media_type="application/json")
+    body = get_document(session, run_id)
+    # Only a run with trajectories makes this a legacy read (migration phase 3).
+    request.scope.setdefault("state", {})[LEGACY_STATE] = has_trajectories(session, run_id)
+    return Response(body, media_type="application/json")
 
 
 @router.get(
@@ -188,10 +187,10 @@ def get_rollouts(
     correlation_id: Annotated[
         str | None, Query(description="Canonical or per-trajectory cid.")
     ] = None,
-    env_id: str | None = None,
-    policy_id: str | None = None,
-    since: Annotated[datetime | None, Query(description="received_at >= since (ISO 8601).")] = None,
-    until: Annotated[datetime | None, Query(description="received_at < until (ISO 8601).")] = None,
+    env_id: Annotated[str | None, Query(description=ENV_HELP)] = None,
+    policy_id: Annotated[str | None, Query(description=POLICY_HELP)] = None,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
     trace_kind: str | None = None,
     has_trajectories: bool | None = None,
     has_drift: Annotated[
@@ -201,12 +200,13 @@ def get_rollouts(
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
     """List runs."""
+    start, end = since_until(since, until)
     f = RunFilter(
         correlation_id=correlation_id,
         env_id=env_id,
         policy_id=policy_id,
-        since=instant(since),
-        until=instant(until),
+        since=start,
+        until=end,
         trace_kind=trace_kind,
         has_trajectories=has_trajectories,
         has_drift=has_drift,
@@ -216,11 +216,19 @@ def get_rollouts(
 
 
 @router.get(
-    "/correlations/{cid}",
+    # Any text: an id synth-ai logged may hold '/' (see correlation.lookup_forms).
+    "/correlations/{cid:run_id}",
     response_model=CorrelationRuns,
     summary="Every run whose canonical or per-trajectory correlation id is `cid`.",
+    description=(
+        "`cid` as stored, or as synth-ai's `extract_trace_correlation_id` reads it from a "
+        "malformed inference URL (`trace_x/v1/chat/completions` finds the runs of "
+        "`trace_x`); `matched_correlation_id` says which stored id matched. Send a `/` "
+        "in the id as `%2F`."
+    ),
     responses=error_responses(401, 404),
 )
 def get_correlation(cid: str, session: ReadSessionDep) -> dict[str, Any]:
     """Look runs up by correlation id."""
-    return {"correlation_id": cid, "runs": runs_by_correlation(session, cid)}
+    matched, runs = runs_by_correlation(session, cid)
+    return {"correlation_id": cid, "matched_correlation_id": matched, "runs": runs}

@@ -6,7 +6,8 @@
 -- send trajectories / runs. Phase 1: usable_trace_share (a full or wrapped trace with an
 -- environment event, over checked runs) and reproduce_share (dual runs whose trace alone
 -- gives back their steps). Phase 2: drift_rate over comparable runs. Phase 3: reads of
--- legacy trajectories that day (legacy_reads; not per env, so NULL with --env).
+-- legacy trajectories that day by clients (legacy_reads; not per env, so NULL with --env);
+-- as in the gate, `anonymous` reads (a person looking at a run) are not counted.
 WITH scope AS (
     SELECT
         rf.day,
@@ -49,7 +50,8 @@ per_day AS (
 reads AS (
     SELECT day, CAST(sum(reads) AS BIGINT) AS legacy_reads, count(DISTINCT client) AS clients
     FROM legacy_reads
-    WHERE ($since IS NULL OR timezone('UTC', CAST(day AS TIMESTAMP)) + INTERVAL 1 DAY > $since)
+    WHERE client <> 'anonymous'
+      AND ($since IS NULL OR timezone('UTC', CAST(day AS TIMESTAMP)) + INTERVAL 1 DAY > $since)
       AND ($until IS NULL OR timezone('UTC', CAST(day AS TIMESTAMP)) < $until)
     GROUP BY day
 )

@@ -1,0 +1,153 @@
+"""Query parameters: unknown ones refused on every route, one time grammar, sane cursors."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import minimal_rollout
+
+UNKNOWN = "tracestore_unknown"
+# A value for each path parameter of the API (any value: the check comes first).
+PATH_VALUES = {"run_id": "r", "cid": "c", "name": "returns"}
+
+
+def _operations(http: httpx.Client) -> list[tuple[str, str, set[str]]]:
+    """(method, path with parameters filled, declared query names) of every operation."""
+    schema = http.get("/openapi.json").json()
+    out = []
+    for template, operations in schema["paths"].items():
+        path = template.format(**PATH_VALUES)
+        for method, op in operations.items():
+            names = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+            out.append((method.upper(), path, names))
+    return out
+
+
+def test_every_route_refuses_an_unknown_query_parameter(http: httpx.Client) -> None:
+    operations = _operations(http)
+    assert len(operations) >= 15
+    for method, path, declared in operations:
+        response = http.request(method, path, params={UNKNOWN: "1"})
+        # Before: ignored (the answer looked like an unfiltered one).
+        assert response.status_code == 422, (method, path, response.text[:300])
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request", (method, path)
+        assert error["unknown"] == [UNKNOWN]
+        # The names it lists are the ones the API documents for that route.
+        assert set(error["known"]) == declared, (method, path)
+        assert UNKNOWN in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "named"),
+    [
+        ("/v1/rollouts", {"env": "e"}, "env_id"),
+        ("/v1/rollouts", {"envid": "e", "limit": "5"}, "env_id"),
+        ("/v1/drift", {"has_drift": "true"}, "kind"),
+        ("/v1/correlations/c", {"limit": "1"}, None),
+    ],
+)
+def test_a_misspelt_filter_is_refused_naming_the_real_ones(
+    http: httpx.Client, path: str, params: dict[str, str], named: str | None
+) -> None:
+    http.post("/v1/rollouts", content=orjson.dumps(minimal_rollout("q-1")))
+    response = http.get(path, params=params)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    if named is None:
+        assert error["known"] == []
+        assert "takes no query parameters" in error["message"]
+    else:
+        assert named in error["known"]
+        assert named in error["message"]
+
+
+def test_declared_parameters_still_work(http: httpx.Client) -> None:
+    http.post("/v1/rollouts", content=orjson.dumps(minimal_rollout("q-2")))
+    response = http.get("/v1/rollouts", params={"env_id": "e", "limit": "5"})
+    assert response.status_code == 200, response.text
+    assert [i["run_id"] for i in response.json()["items"]] == ["q-2"]
+    assert http.get("/health").status_code == 200
+
+
+# --- since / until: one grammar on every route ------------------------------------------------
+
+WINDOWED = ["/v1/rollouts", "/v1/drift"]
+
+
+@pytest.mark.parametrize("path", WINDOWED)
+def test_durations_work_on_every_windowed_route(http: httpx.Client, path: str) -> None:
+    http.post("/v1/rollouts", content=orjson.dumps(minimal_rollout("w-1")))
+
+    def runs(**params: str) -> int:
+        response = http.get(path, params=params)
+        # Before: 422 for `1h` (only ISO times were read here; the reports took both).
+        assert response.status_code == 200, (params, response.text)
+        body = response.json()
+        return len(body["items"]) if "items" in body else int(body["runs"])
+
+    assert runs(since="1h") == 1
+    assert runs(since="2w", until="30m") == 0
+    assert runs(until="1.5d") == 0
+    assert runs(since=(datetime.now(UTC) - timedelta(days=1)).date().isoformat()) == 1
+    assert runs(since="0001-01-01T00:00:00+14:00") == 1  # clamped, not an error
+    assert runs(since="9999999999d") == 1
+
+
+@pytest.mark.parametrize("path", [*WINDOWED, "/v1/migration/status", "/reports/drift"])
+@pytest.mark.parametrize("name", ["since", "until"])
+def test_an_unreadable_time_names_the_parameter_and_the_grammar(
+    http: httpx.Client, path: str, name: str
+) -> None:
+    response = http.get(path, params={name: "last tuesday"})
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"{name}: cannot read 'last tuesday'")
+    assert "7d" in message
+
+
+@pytest.mark.parametrize("path", ["/v1/migration/status", "/reports/drift"])
+def test_the_window_routes_take_durations(http: httpx.Client, path: str) -> None:
+    response = http.get(path, params={"since": "2w", "until": "1m"})
+    assert response.status_code == 200, response.text
+
+
+# --- cursors past 64 bits ----------------------------------------------------------------------
+
+
+def _cursor(data: dict[str, Any]) -> str:
+    # The stdlib: orjson refuses integers past 64 bits, which is the point here.
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("path", "cursor"),
+    [
+        ("/v1/rollouts", {"v": 1, "before": 2**63}),
+        ("/v1/rollouts", {"v": 1, "before": 2**64 - 1}),
+        ("/v1/rollouts", {"v": 1, "before": -1}),
+        ("/v1/drift", {"v": 1, "run": 2**63, "ord": 0}),
+        ("/v1/drift", {"v": 1, "run": 1, "ord": 2**63}),
+    ],
+)
+def test_a_cursor_past_64_bits_is_a_4xx(
+    http: httpx.Client, path: str, cursor: dict[str, Any]
+) -> None:
+    response = http.get(path, params={"cursor": _cursor(cursor)})
+    # Before: 500 internal_error on both databases (the driver could not bind it).
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+
+
+def test_a_report_name_longer_than_a_file_name_is_not_found(http: httpx.Client) -> None:
+    response = http.get("/v1/reports/" + "x" * 5000)
+    # Before: 500 (the file look-up raised OSError: file name too long).
+    assert response.status_code == 404, response.text[:300]
+    assert response.json()["error"]["code"] == "not_found"

@@ -1,0 +1,265 @@
+"""The command line never shows a traceback (issues 13 and 18): every verb, given bad paths,
+FIFOs, corrupt gzip or bad URLs, says what is wrong in one line on stderr and exits 2.
+
+Most cases run in-process (Typer's runner goes through the same group, which turns any
+error into one line); a few run the console script itself, and FIFOs run with a short
+TRACESTORE_FIFO_WAIT so that nothing can hang.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import EXAMPLES, free_port
+from tracestore.cli.main import app
+
+TRACESTORE = shutil.which("tracestore", path=str(Path(sys.executable).parent)) or "tracestore"
+LINES = (EXAMPLES / "rollouts.jsonl").read_bytes().splitlines(keepends=True)
+FIFO_WAIT = "0.5"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with a good store, good and bad input files, FIFOs nobody opens."""
+    tmp_path = tmp_path_factory.mktemp("cli-errors")
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b"".join(LINES[:3]))
+    whole = gzip.compress(b"".join(LINES[:15]))
+    (tmp_path / "truncated.jsonl.gz").write_bytes(whole[: len(whole) * 2 // 3])
+    (tmp_path / "notgzip.jsonl.gz").write_bytes(b"".join(LINES[:2]))
+    (tmp_path / "empty-dir").mkdir()
+    os.mkfifo(tmp_path / "silent.jsonl")
+    os.mkfifo(tmp_path / "silent.out")
+    done = CliRunner().invoke(app, ["ingest", str(good), "--db", _db(tmp_path / "store.db")])
+    assert done.exit_code == 0, done.stderr
+    return tmp_path
+
+
+@pytest.fixture
+def place(files: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`files`, with a short FIFO wait and no store URL from the environment."""
+    monkeypatch.setenv("TRACESTORE_FIFO_WAIT", FIFO_WAIT)
+    monkeypatch.delenv("TRACESTORE_DATABASE_URL", raising=False)
+    return files
+
+
+def _db(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def one_line_error(args: list[str], expect: str, code: int = 2) -> None:
+    """Run `tracestore ARGS` in-process: exit `code`, one line on stderr containing `expect`."""
+    started = time.monotonic()
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == code, (args, done.exit_code, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout, (args, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, (args, done.stderr)
+    assert lines[0].startswith("error: "), (args, lines)
+    assert expect in lines[0], (args, lines[0])
+    assert time.monotonic() - started < 30, args  # and never a hang
+
+
+BAD_URLS = [
+    ("mysql://user@host/db", "not 'mysql'"),
+    ("nonsense", "cannot read 'nonsense' as a database URL"),
+    ("postgresql+psycopg://nobody@127.0.0.1:1/none", "cannot use the database"),
+]
+STORE_VERBS = [
+    ["show", "some-run"],
+    ["cid", "some-cid"],
+    ["drift"],
+    ["backfill"],
+    ["report", "returns"],
+    ["sql", "SELECT 1"],
+    ["db", "current"],
+    ["db", "check"],
+    ["db", "upgrade"],
+    ["db", "downgrade", "base"],
+]
+
+
+@pytest.mark.parametrize(("url", "expect"), BAD_URLS)
+@pytest.mark.parametrize("verb", STORE_VERBS, ids=lambda v: "-".join(v))
+def test_bad_database_urls(place: Path, verb: list[str], url: str, expect: str) -> None:
+    one_line_error([*verb, "--db", url], expect)
+
+
+@pytest.mark.parametrize("verb", STORE_VERBS, ids=lambda v: "-".join(v))
+def test_bad_sqlite_paths(place: Path, verb: list[str]) -> None:
+    if verb != ["db", "upgrade"]:  # upgrade creates a new store; the others need one
+        one_line_error([*verb, "--db", _db(place / "missing.db")], "no SQLite store at")
+        assert not (place / "missing.db").exists()
+    one_line_error([*verb, "--db", _db(place / "empty-dir")], "is not a SQLite database file")
+    # SQLite would block forever reading a FIFO.
+    one_line_error([*verb, "--db", _db(place / "silent.out")], "is not a SQLite database file")
+
+
+def test_markup_in_arguments_is_text(place: Path) -> None:
+    db = _db(place / "store.db")
+    one_line_error(["show", "[/x]", "--db", db], "no rollout with run_id '[/x]'")
+    one_line_error(["cid", "[/x]", "--db", db], "'[/x]'")
+    one_line_error(["show", "[bold]x[/bold]", "--db", db], "'[bold]x[/bold]'")
+    # An ingest summary quoting such a run id (a conflict).
+    doc = orjson.loads(LINES[0])
+    doc["run_id"] = "[/x] [bold]r"
+    first, second = place / "markup-1.json", place / "markup-2.json"
+    first.write_bytes(orjson.dumps(doc))
+    doc["metrics"]["mean_return"] = 1234.5
+    second.write_bytes(orjson.dumps(doc))
+    markup_db = _db(place / "markup.db")
+    assert CliRunner().invoke(app, ["ingest", str(first), "--db", markup_db]).exit_code == 0
+    done = CliRunner().invoke(app, ["ingest", str(second), "--db", markup_db])
+    assert done.exit_code == 2, done.stderr
+    assert "run_id '[/x] [bold]r' was already stored" in done.stdout
+    assert done.stderr == ""
+
+
+def test_usage_errors_are_one_line(place: Path) -> None:
+    one_line_error(["--db", "x", "show", "a"], "No such option: --db")
+    one_line_error(["show"], "Missing argument")
+    one_line_error(["report", "returns", "--format", "nope"], "'nope' is not one of")
+    one_line_error(["nosuchverb"], "No such command")
+
+
+def test_export_to_bad_places(place: Path) -> None:
+    db = _db(place / "store.db")
+    one_line_error(["export", str(place / "good.jsonl"), "--db", db], "good.jsonl")
+    one_line_error(["export", str(place / "silent.out"), "--db", db], "not an empty directory")
+    one_line_error(["report", "returns", "--from", str(place / "empty-dir")], "not a tracestore")
+
+
+def test_outputs_to_bad_places(place: Path) -> None:
+    db = _db(place / "store.db")
+    nowhere = str(place / "no-such-dir" / "out")
+    one_line_error(["sql", "SELECT 1 AS x", "--db", db, "-o", nowhere], "No such file or directory")
+    one_line_error(["drift", "--db", db, "-o", nowhere], "No such file or directory")
+    one_line_error(["drift", "--db", db, "-o", str(place / "empty-dir")], "Is a directory")
+    good = str(place / "good.jsonl")
+    one_line_error(["convert", "to-trace", good, "-o", nowhere], "No such file or directory")
+    # A FIFO nobody reads: given up after TRACESTORE_FIFO_WAIT, never a hang.
+    fifo = str(place / "silent.out")
+    one_line_error(["sql", "SELECT 1 AS x", "--db", db, "-o", fifo], "a FIFO nobody read from")
+    one_line_error(["drift", "--db", db, "-f", "json", "-o", fifo], "a FIFO nobody read from")
+    one_line_error(["convert", "to-trace", good, "-o", fifo], "a FIFO nobody read from")
+
+
+def test_convert_bad_inputs(place: Path) -> None:
+    one_line_error(
+        ["convert", "to-trace", str(place / "notgzip.jsonl.gz")], "notgzip.jsonl.gz: not gzip data"
+    )
+    one_line_error(
+        ["convert", "to-trace", str(place / "silent.jsonl")], "a FIFO nobody wrote to within 0.5s"
+    )
+    done = CliRunner().invoke(
+        app, ["convert", "to-trace", str(place / "truncated.jsonl.gz"), "-o", str(place / "o")]
+    )
+    assert done.exit_code == 2
+    assert "truncated.jsonl.gz: the gzip data ends early after" in done.stderr
+    assert "Traceback" not in done.stderr
+    # What came before the damage was converted and written.
+    assert (place / "o").read_bytes().count(b"\n") >= 1
+
+
+def test_ingest_names_each_bad_file_and_keeps_going(place: Path) -> None:
+    db = _db(place / "fresh.db")
+    assert not (place / "fresh.db").exists()
+    args = [
+        "ingest",
+        str(place / "truncated.jsonl.gz"),
+        str(place / "notgzip.jsonl.gz"),
+        str(place / "missing.json"),
+        str(place / "empty-dir"),
+        str(place / "silent.jsonl"),
+        str(place / "good.jsonl"),
+        "--db",
+        db,
+    ]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "Aborted" not in done.stderr + done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 5, done.stderr
+    for name, why in [
+        ("truncated.jsonl.gz", "the gzip data ends early after"),
+        ("notgzip.jsonl.gz", "not gzip data"),
+        ("missing.json", "no such file"),
+        ("empty-dir", "a directory without rollout files"),
+        ("silent.jsonl", "a FIFO nobody wrote to"),
+    ]:
+        assert any(name in e and why in e for e in errors), (name, errors)
+    assert "5 files could not be read" in done.stdout
+    # The good file, and the documents before the truncation, were stored.
+    stored = int(done.stdout.split(" rollouts:")[0].split()[-1])
+    assert stored > 3
+    show = CliRunner().invoke(app, ["show", _run_id(0), "--db", db, "--raw"])
+    assert show.exit_code == 0, show.stderr
+
+
+def _run_id(line: int) -> str:
+    run_id: str = orjson.loads(LINES[line])["run_id"]
+    return run_id
+
+
+def test_ingest_reads_a_directory_and_a_fifo_someone_writes(place: Path) -> None:
+    folder = place / "batch"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(b"".join(LINES[3:5]))
+    (folder / "b.json.gz").write_bytes(gzip.compress(LINES[5]))
+    (folder / "notes.txt").write_text("not rollouts")
+    (folder / ".hidden.json").write_text("{not json")
+    fifo = place / "stream.jsonl"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        time.sleep(0.2)  # the reader is already waiting
+        with fifo.open("wb") as f:
+            f.write(b"".join(LINES[6:8]))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    done = CliRunner().invoke(app, ["ingest", str(folder), str(fifo), "--db", _db(place / "d.db")])
+    thread.join()
+    assert done.exit_code == 0, done.stdout + done.stderr
+    assert "5 rollouts:" in done.stdout
+    assert "0 conflict, 0 invalid" in done.stdout
+
+
+def test_ingest_into_a_bad_url_or_store(place: Path) -> None:
+    good = str(place / "good.jsonl")
+    one_line_error(["ingest", good, "--db", "mysql://x/y"], "not 'mysql'")
+    one_line_error(["ingest", good, "--db", _db(place / "empty-dir")], "not a SQLite database")
+    one_line_error(["ingest", good, "--db", _db(place / "nodir" / "x.db")], "cannot create")
+    one_line_error(["ingest", good, "--url", f"http://127.0.0.1:{free_port()}"], "cannot reach")
+
+
+def test_the_console_script_itself(place: Path) -> None:
+    """The same through the installed script: no traceback, no 'Aborted', no hang."""
+    env = {**os.environ, "TRACESTORE_FIFO_WAIT": FIFO_WAIT}
+    cases = [
+        (["show", "[/x]", "--db", _db(place / "store.db")], "'[/x]'"),
+        (["show", "x", "--db", "mysql://h/db"], "not 'mysql'"),
+        (["ingest", str(place / "truncated.jsonl.gz"), "--db", _db(place / "s.db")], "ends early"),
+        (["ingest", str(place / "silent.jsonl"), "--db", _db(place / "s.db")], "nobody wrote"),
+        (["convert", "to-trace", str(place / "notgzip.jsonl.gz")], "not gzip data"),
+    ]
+    for args, expect in cases:
+        done = subprocess.run(
+            [TRACESTORE, *args], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert "Aborted" not in done.stderr, (args, done.stderr)
+        assert expect in done.stderr, (args, done.stderr)
