@@ -13,7 +13,7 @@ from sqlalchemy import text
 from bench.common import fresh_database
 from bench.corpus import corpus
 from tracestore.db.engine import create_engine
-from tracestore.ingest.service import ingest_raw_many
+from tracestore.ingest.service import ingest_many
 
 SIZES = """
 SELECT c.relname, c.relkind,
@@ -38,7 +38,7 @@ def main() -> None:
         with engine.connect() as conn:
             empty = {name: size for name, _, size in conn.execute(text(SIZES))}
         for i in range(0, args.n, 50):
-            ingest_raw_many(engine, docs[i : i + 50])
+            ingest_many(engine, docs[i : i + 50])
         with engine.connect() as conn:
             rows = [(n, k, s - empty.get(n, 0)) for n, k, s in conn.execute(text(SIZES))]
         engine.dispose()

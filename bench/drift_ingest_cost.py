@@ -35,10 +35,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import tracestore.ingest.service as ingest_service
+import tracestore.store.rollouts as store_rollouts
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.drift.compare import compare_rollout
-from tracestore.drift.store import drift_rows, reproduction, write_drift_many
+from tracestore.drift.rows import drift_rows, reproduction
+from tracestore.store.drift import write_drift_many
 
 EXAMPLES = Path(
     os.environ.get("TRACESTORE_EXAMPLES_DIR", Path(__file__).resolve().parents[1] / "examples")
@@ -126,16 +128,16 @@ def drift_hook(on: bool, in_tx: list[float] | None = None) -> Iterator[None]:
         if in_tx is not None:  # per rollout
             in_tx.append((time.perf_counter() - start) * 1000 / max(1, len(items)))
 
-    saved = ingest_service.drift_rows, ingest_service.write_drift_many
+    saved = ingest_service.drift_rows, store_rollouts.write_drift_many
     if on:
-        ingest_service.write_drift_many = timed_write
+        store_rollouts.write_drift_many = timed_write
     else:
         ingest_service.drift_rows = lambda doc: None  # type: ignore[assignment,return-value]
-        ingest_service.write_drift_many = lambda conn, items: None
+        store_rollouts.write_drift_many = lambda conn, items: None
     try:
         yield
     finally:
-        ingest_service.drift_rows, ingest_service.write_drift_many = saved
+        ingest_service.drift_rows, store_rollouts.write_drift_many = saved
 
 
 def prepare_ms(lines: list[bytes], repeat: int) -> tuple[list[float], list[float]]:

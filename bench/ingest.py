@@ -27,7 +27,7 @@ from tracestore.db.base import Base
 from tracestore.db.engine import create_engine
 from tracestore.db.types import JSONValue
 from tracestore.ingest.project import RolloutRows, project_rollout
-from tracestore.ingest.service import ingest_bytes, ingest_raw_many
+from tracestore.ingest.service import ingest_bytes, ingest_many
 
 TABLES = (
     "runs",
@@ -182,7 +182,7 @@ def in_process(url: str, docs: Sequence[bytes], batch: int) -> float:
     else:
         results = []
         for i in range(0, len(docs), batch):
-            results += ingest_raw_many(engine, docs[i : i + batch])
+            results += ingest_many(engine, docs[i : i + batch])
     elapsed = time.perf_counter() - start
     engine.dispose()
     assert all(r.status == "created" for r in results), [

@@ -20,7 +20,7 @@ from bench.common import fresh_database, pg_available
 from bench.corpus import corpus
 from tracestore.db.engine import create_engine
 from tracestore.ingest.parse import parse_json
-from tracestore.ingest.service import cyclic_gc_paused, ingest_prepared_many, prepare
+from tracestore.ingest.service import cyclic_gc_paused, prepare, store_prepared
 
 BATCH = 50
 
@@ -40,7 +40,7 @@ def measure(backend: str, docs: Sequence[bytes]) -> dict[str, Any]:
         engine = create_engine(url)
         start = time.perf_counter()
         for i in range(0, n, BATCH):
-            ingest_prepared_many(engine, prepared[i : i + BATCH])
+            store_prepared(engine, prepared[i : i + BATCH])
         write_s = time.perf_counter() - start
         engine.dispose()
     with fresh_database(backend) as url:

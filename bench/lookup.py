@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 from bench.common import percentiles, server
 from tracestore.db.engine import create_engine
 from tracestore.db.uow import read_session
-from tracestore.ingest.service import compress_document
+from tracestore.store.documents import compress_document
 from tracestore.store.runs import get_document, runs_by_correlation
 
 CHUNK = 50_000

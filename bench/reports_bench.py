@@ -46,7 +46,9 @@ from sqlalchemy.engine import make_url
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.db.types import JSONValue, UTCDateTime, json_dumps, json_dumps_pg
-from tracestore.ingest.service import (
+from tracestore.ingest.service import prepare
+from tracestore.store.documents import compress_document
+from tracestore.store.rollouts import (
     DOCUMENTS,
     EVENTS,
     MESSAGES,
@@ -56,8 +58,6 @@ from tracestore.ingest.service import (
     TRACES,
     TRAJECTORIES,
     Prepared,
-    compress_document,
-    prepare,
 )
 
 PG_ADMIN = os.environ.get(
@@ -332,7 +332,7 @@ def clone_rows(
 
 
 def _drift_tables() -> dict[str, Any]:
-    from tracestore.drift.store import CHECKS, FINDINGS
+    from tracestore.store.drift import CHECKS, FINDINGS
 
     return {"drift_checks": CHECKS, "drift_findings": FINDINGS}
 

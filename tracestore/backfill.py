@@ -23,8 +23,9 @@ from sqlalchemy.exc import IntegrityError
 from tracestore.convert import trajectories_to_trace
 from tracestore.db.uow import write_session
 from tracestore.ingest.project import project_trace_document
-from tracestore.ingest.service import decompress_document, write_trace
 from tracestore.models import Run, RunDocument, Trace
+from tracestore.store.documents import decompress_document
+from tracestore.store.rollouts import write_trace
 
 _HAS_RUN_TRACE = exists().where(Trace.run_pk == Run.id, Trace.trajectory_idx.is_(None))
 PENDING = (Run.n_trajectories > 0) & ~_HAS_RUN_TRACE

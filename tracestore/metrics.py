@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tracestore.drift.compare import DRIFT_KINDS
+from tracestore.vocabulary import DRIFT_KINDS
 
 __all__ = ["CONTENT_TYPE", "INGEST_STATUSES", "Metrics"]
 

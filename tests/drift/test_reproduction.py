@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import Example
 from tests.drift.helpers import clean_example, created
-from tracestore.drift.store import drift_rows, reproduction
+from tracestore.drift.rows import drift_rows, reproduction
 
 
 def _trace_only(examples: list[Example]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:

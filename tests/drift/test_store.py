@@ -34,10 +34,10 @@ from tracestore.drift.service import (
     summary,
     window,
 )
-from tracestore.drift.store import drift_kinds_for, has_drift_clause
 from tracestore.ingest.service import ingest_bytes
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
+from tracestore.store.drift import drift_kinds_for, has_drift_clause
 from tracestore.store.runs import RunFilter
 
 

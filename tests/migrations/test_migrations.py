@@ -34,7 +34,7 @@ def test_every_revision_up_and_down(fresh: str) -> None:
     for rev in revisions:
         migrate.upgrade(engine, rev.revision)
         assert migrate.current_revision(engine) == rev.revision
-    assert migrate.schema_differences(engine) == []
+    assert migrate.schema_differences(engine, Base.metadata) == []
     tables = set(inspect(engine).get_table_names())
     assert set(Base.metadata.tables) <= tables
     for rev in reversed(revisions):
@@ -133,7 +133,7 @@ def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
     from sqlalchemy import select
 
     from tests.conftest import load_examples, minimal_rollout
-    from tracestore.ingest.service import ingest_raw_many
+    from tracestore.ingest.service import ingest_many
     from tracestore.models import Run
 
     engine = create_engine(fresh)
@@ -148,8 +148,8 @@ def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
             [{"env_id": "e", "policy_id": 3}, {"env_id": "n\u0000l"}, {"env_id": "x" * 1025}, []]
         )
     ]
-    ingest_raw_many(engine, [ex.raw for ex in load_examples()])
-    ingest_raw_many(engine, [orjson.dumps(doc) for doc in hand_made])
+    ingest_many(engine, [ex.raw for ex in load_examples()])
+    ingest_many(engine, [orjson.dumps(doc) for doc in hand_made])
     columns = select(Run.run_id, Run.env_id, Run.policy_id, Run.n_trace_steps).order_by(Run.id)
     with engine.connect() as conn:
         at_ingest = [tuple(r) for r in conn.execute(columns)]

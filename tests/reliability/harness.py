@@ -378,7 +378,7 @@ def partial_runs(engine: Engine, sent: dict[str, bytes]) -> list[str]:
 
 def stored_documents(engine: Engine) -> dict[str, bytes]:
     """Every stored run's document bytes, as the API serves them."""
-    from tracestore.ingest.service import decompress_document
+    from tracestore.store.documents import decompress_document
 
     query = text(
         "SELECT r.run_id, d.body, d.encoding FROM runs r JOIN run_documents d ON d.run_pk = r.id"

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from tracestore.correlation import clean_cid, resolve_correlation
-from tracestore.drift.store import drift_rows
+from tracestore.drift.rows import drift_rows
 from tracestore.toolcalls import normalize_tool_calls
 from tracestore.wire.trace import classify_trace, infer_event_type, unwrap_trace, view_trace
 

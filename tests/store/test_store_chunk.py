@@ -1,4 +1,4 @@
-"""Batched writes (store_chunk): the same rows as one rollout at a time, each standing alone."""
+"""Batched writes (store_many): the same rows as one rollout at a time, each standing alone."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ from sqlalchemy import Engine, text
 from tests.conftest import Example, minimal_rollout, wipe
 from tracestore.db.base import Base
 from tracestore.db.uow import write_session
-from tracestore.ingest.service import (
-    ingest_prepared_many,
-    ingest_raw_many,
-    prepare,
-    store_chunk,
-    store_prepared,
-)
+from tracestore.ingest.service import ingest_many, prepare, store_prepared
+from tracestore.store.rollouts import store_many, store_one
 
 # Surrogate keys and clocks differ between two stores of the same rollouts; the rest must not.
 _VOLATILE = {"id", "received_at", "checked_at"}
@@ -54,10 +49,10 @@ def test_a_batch_stores_the_rows_one_at_a_time_would(
     prepared = [prepare(ex.raw) for ex in examples if ex.label.get("expect", "ok") == "ok"]
     assert len(prepared) > 20
     with write_session(engine) as session:
-        singly = [store_prepared(session.connection(), p) for p in prepared]
+        singly = [store_one(session.connection(), p) for p in prepared]
     one_at_a_time = _content(engine)
     wipe(engine)
-    batched = ingest_prepared_many(engine, prepared)
+    batched = store_prepared(engine, prepared)
     assert [r.status for r in batched] == [r.status for r in singly]
     assert [r.status for r in batched].count("created") > 20  # the examples repeat some ids
     assert _content(engine) == one_at_a_time
@@ -69,7 +64,7 @@ def _doc(run_id: str, reward: float) -> bytes:
 
 def test_a_run_id_twice_in_one_batch_is_decided_against_the_first(engine: Engine) -> None:
     raws = [_doc("a", 1.0), _doc("b", 1.0), _doc("a", 2.0), _doc("b", 1.0), _doc("c", 1.0)]
-    results = ingest_raw_many(engine, raws)
+    results = ingest_many(engine, raws)
     assert [r.status for r in results] == ["created", "created", "conflict", "duplicate", "created"]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == 3
@@ -85,7 +80,7 @@ def test_a_concurrent_insert_falls_back_to_one_savepoint_each(backend: str, engi
         # Stores run "x" and holds its transaction open: the batch below cannot see "x"
         # when it looks, then meets it on the unique index when it writes.
         with write_session(engine) as session:
-            store_chunk(session.connection(), [prepare(_doc("x", 1.0))])
+            store_many(session.connection(), [prepare(_doc("x", 1.0))])
             first_in.set()
             release.wait(30)
 
@@ -94,7 +89,7 @@ def test_a_concurrent_insert_falls_back_to_one_savepoint_each(backend: str, engi
     assert first_in.wait(30)
     threading.Timer(0.5, release.set).start()  # commits while the batch waits on the index
     started = time.monotonic()
-    results = ingest_prepared_many(
+    results = store_prepared(
         engine, [prepare(_doc("y", 1.0)), prepare(_doc("x", 2.0)), prepare(_doc("z", 1.0))]
     )
     holder.join(30)

@@ -67,12 +67,14 @@ def current(db: DbOption = None) -> None:
 @app.command()
 def check(db: DbOption = None) -> None:
     """Exit 0 when the schema is at head and matches the models, 1 otherwise."""
+    import tracestore.models  # noqa: F401  (registers the tables on Base.metadata)
     from tracestore.db import migrate
+    from tracestore.db.base import Base
 
     with reported_errors():
         engine = _engine(db)
         rev = migrate.check_schema(engine)
-        diffs = migrate.schema_differences(engine)
+        diffs = migrate.schema_differences(engine, Base.metadata)
         if diffs:
             fail(f"schema at {rev} differs from the models: {diffs[0]}", code=1)
         console.print(f"ok: schema at {rev}, matching the models")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, MetaData, inspect
 
 from tracestore.errors import SchemaOutOfDate
 
@@ -102,14 +102,12 @@ def ensure_schema(engine: Engine, *, create_new: bool) -> str:
     return check_schema(engine)
 
 
-def schema_differences(engine: Engine) -> list[str]:
-    """Differences between the database's schema and the models (empty when they match)."""
+def schema_differences(engine: Engine, metadata: MetaData) -> list[str]:
+    """Differences between the database's schema and `metadata` (the models'; empty when
+    they match). The caller imports the models: db/ sits below them."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    import tracestore.models  # noqa: F401  (registers the tables)
-    from tracestore.db.base import Base
-
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
-        return [repr(d) for d in compare_metadata(context, Base.metadata)]
+        return [repr(d) for d in compare_metadata(context, metadata)]

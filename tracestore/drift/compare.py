@@ -33,12 +33,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from tracestore.correlation import resolve_correlation
 from tracestore.toolcalls import normalize_tool_calls
+from tracestore.vocabulary import (
+    DRIFT_KINDS,
+    DriftKind,
+    NotComparableReason,
+)
 from tracestore.wire.trace import (
     EnvStep,
     classify_trace,
@@ -48,45 +53,6 @@ from tracestore.wire.trace import (
 # Bump when a rule changes, so stored findings can be recomputed selectively.
 COMPARATOR_VERSION = 1
 
-DriftKind = Literal[
-    "step_count_mismatch",
-    "reward_mismatch",
-    "done_mismatch",
-    "truncated_mismatch",
-    "obs_mismatch",
-    "tool_calls_mismatch",
-    "return_mismatch",
-    "correlation_conflict",
-]
-DRIFT_KINDS: tuple[DriftKind, ...] = (
-    "step_count_mismatch",
-    "reward_mismatch",
-    "done_mismatch",
-    "truncated_mismatch",
-    "obs_mismatch",
-    "tool_calls_mismatch",
-    "return_mismatch",
-    "correlation_conflict",
-)
-
-NotComparableReason = Literal[
-    "no_trace",
-    "summary_trace",
-    "db_row_trace",
-    "empty_trace",
-    "unknown_trace",
-    "no_trajectories",
-    "no_environment_events",
-]
-NOT_COMPARABLE_REASONS: tuple[NotComparableReason, ...] = (
-    "no_trace",
-    "summary_trace",
-    "db_row_trace",
-    "empty_trace",
-    "unknown_trace",
-    "no_trajectories",
-    "no_environment_events",
-)
 _KIND_REASONS: dict[str, NotComparableReason] = {
     "summary": "summary_trace",
     "db_row": "db_row_trace",

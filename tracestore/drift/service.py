@@ -21,23 +21,24 @@ from sqlalchemy.orm import Session
 
 from tracestore.convert import CONVERTER_VERSION
 from tracestore.db.uow import read_session, write_session
-from tracestore.drift.compare import COMPARATOR_VERSION, DRIFT_KINDS
-from tracestore.drift.store import (
+from tracestore.drift.compare import COMPARATOR_VERSION
+from tracestore.drift.rows import drift_rows
+from tracestore.errors import InvalidRequest, NotFound
+from tracestore.models import Run, RunDocument, Trajectory
+from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
+from tracestore.store.documents import decompress_document
+from tracestore.store.drift import (
     DriftRows,
     ReadCount,
     as_date,
-    drift_rows,
     has_drift_clause,
     replace_drift,
     upsert_legacy_reads,
     utc_day,
 )
-from tracestore.errors import InvalidRequest, NotFound
-from tracestore.ingest.service import decompress_document
-from tracestore.models import Run, RunDocument, Trajectory
-from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
 from tracestore.store.runs import KEY_LIMIT, MAX_LIMIT, RunFilter
 from tracestore.store.runs import filtered as filtered_runs  # the list's filters, reused
+from tracestore.vocabulary import DRIFT_KINDS
 
 log = logging.getLogger("tracestore.drift")
 

@@ -7,11 +7,11 @@ Rows are plain dicts keyed by column name, ready for executemany. Parent keys
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from tracestore.correlation import Resolution
 from tracestore.errors import InvalidRollout
+from tracestore.store.rollouts import RolloutRows, TraceRows
 from tracestore.wire.datetimes import parse_datetime
 from tracestore.wire.trace import Placed, classify_trace, infer_event_type, view_trace
 
@@ -126,29 +126,6 @@ class _Typer:
             return repr(value)  # ids written as numbers by hand-built producers
         self.fail(path, "a string or null", value)
         return None
-
-
-@dataclass(slots=True)
-class TraceRows:
-    """Rows of one trace: the trace row, its time steps, events and messages."""
-
-    trace: dict[str, Any]
-    time_steps: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    # time-step position of each event / message (None when in no step), for pk wiring.
-    event_steps: list[int | None] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    message_steps: list[int | None] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class RolloutRows:
-    """Every row one rollout becomes."""
-
-    run: dict[str, Any]
-    trajectories: list[dict[str, Any]]
-    steps: list[list[dict[str, Any]]]  # per trajectory
-    traces: list[TraceRows]
 
 
 def _event_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[str, Any]:

@@ -1,116 +1,32 @@
-"""Ingest: one rollout, one transaction; idempotent by run_id and content hash."""
+"""Ingest: documents in, checked and projected outside any transaction, then stored.
+
+Two entry points: `ingest_bytes` (one document, its own transaction: all or nothing) and
+`ingest_many` (many documents, each standing or falling alone, a few per transaction).
+`prepare` does the Python work (parse, validate, project, compare the two formats);
+`tracestore.store.rollouts` does the writing.
+"""
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-import zstandard
-from sqlalchemy import Connection, Engine, Table, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine
 
 from tracestore.correlation import resolve_correlation
-from tracestore.db.bulk import allocate_ids, bulk_insert
 from tracestore.db.uow import write_session
-from tracestore.drift.store import drift_rows, write_drift_many
-from tracestore.errors import Conflict, TracestoreError
+from tracestore.drift.rows import drift_rows
+from tracestore.errors import TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
-from tracestore.ingest.project import RolloutRows, TraceRows, project_rollout
-from tracestore.jsontext import loads_exact
-from tracestore.models import (
-    Run,
-    RunDocument,
-    Step,
-    Trace,
-    TraceEvent,
-    TraceMessage,
-    TraceTimeStep,
-    Trajectory,
-)
-from tracestore.wire.datetimes import with_instants
+from tracestore.ingest.project import project_rollout
+from tracestore.store.documents import content_hash
+from tracestore.store.rollouts import IngestResult, Prepared, store_many
 from tracestore.wire.trace import reusing_views
 
-Status = Literal["created", "duplicate", "conflict", "invalid"]
-DOCUMENT_ENCODING = "zstd"
 _MISSING = object()
-_local = threading.local()
-
-
-def _compressor() -> Any:
-    # ZstdCompressor is not safe to share across threads; one per thread is cheap.
-    comp = getattr(_local, "compressor", None)
-    if comp is None:
-        comp = _local.compressor = zstandard.ZstdCompressor(level=3)
-    return comp
-
-
-def compress_document(raw: bytes) -> bytes:
-    """Compress a raw document for the run_documents table."""
-    return bytes(_compressor().compress(raw))
-
-
-def decompress_document(body: bytes, encoding: str) -> bytes:
-    """Give back the raw document bytes stored by compress_document."""
-    if encoding != DOCUMENT_ENCODING:
-        raise ValueError(f"unknown document encoding {encoding!r}")
-    return bytes(zstandard.ZstdDecompressor().decompress(body))
-
-
-def content_hash(raw: bytes) -> str:
-    """sha256 of the document's bytes as received.
-
-    A retry almost always resends the same bytes, so equal hashes settle `duplicate` at
-    once; different bytes may still be the same JSON value (other key order or spacing),
-    which `_answer_existing` decides by comparing the values exactly (numbers as decimals,
-    never floats). Hashing the bytes, rather than a canonical re-serialization, spares a
-    second copy of every document in memory.
-    """
-    return hashlib.sha256(raw).hexdigest()
-
-
-@dataclass(slots=True)
-class IngestResult:
-    """The outcome of ingesting one rollout."""
-
-    run_id: str | None
-    status: Status
-    correlation_id: str | None = None
-    correlation_source: str | None = None
-    trace_kind: str | None = None
-    n_steps: int = 0
-    error: TracestoreError | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The API's body for this outcome (the error shape's fields under `error`)."""
-        out: dict[str, Any] = {
-            "run_id": self.run_id,
-            "status": self.status,
-            "correlation_id": self.correlation_id,
-            "correlation_source": self.correlation_source,
-            "trace_kind": self.trace_kind,
-        }
-        if self.error is not None:
-            out["error"] = {"code": self.error.code, "message": self.error.message}
-            out["error"].update(self.error.details)
-        return out
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A rollout checked and projected, ready to be written."""
-
-    doc: dict[str, Any]
-    raw: bytes
-    digest: str
-    rows: RolloutRows
-    drift: Any  # tracestore.drift.store.DriftRows: computed before the transaction
 
 
 _gc_lock = threading.Lock()
@@ -155,257 +71,6 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
     return Prepared(doc=valid, raw=raw, digest=content_hash(raw), rows=rows, drift=drift)
 
 
-def _differing_parts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    keys = list(dict.fromkeys([*stored, *new]))
-    return [k for k in keys if stored.get(k, _MISSING) != new.get(k, _MISSING)]
-
-
-def _table(model: Any) -> Table:
-    table: Table = model.__table__
-    return table
-
-
-# Core tables and prebuilt statements: ingest is the hot path, and Core executemany skips
-# the ORM's per-row bookkeeping (we never need the ORM objects here).
-RUNS = _table(Run)
-DOCUMENTS = _table(RunDocument)
-TRAJECTORIES = _table(Trajectory)
-STEPS = _table(Step)
-TRACES = _table(Trace)
-TIME_STEPS = _table(TraceTimeStep)
-EVENTS = _table(TraceEvent)
-MESSAGES = _table(TraceMessage)
-_FIND_RUN = select(
-    RUNS.c.id,
-    RUNS.c.content_hash,
-    RUNS.c.correlation_id,
-    RUNS.c.correlation_source,
-    RUNS.c.trace_kind,
-)
-_INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
-_RECEIVED = {
-    "origin": "received",
-    "converter": None,
-    "converter_version": None,
-    "source_hash": None,
-}
-
-
-def _existing(conn: Connection, prepared: Prepared) -> IngestResult | None:
-    run = conn.execute(_FIND_RUN.where(RUNS.c.run_id == prepared.doc["run_id"])).first()
-    return None if run is None else _answer_existing(conn, prepared, run)
-
-
-def _answer_existing(conn: Connection, prepared: Prepared, run: Any) -> IngestResult:
-    """`duplicate` or `conflict` for a rollout whose run_id is stored as `run`."""
-    rows = prepared.rows.run
-    duplicate = IngestResult(
-        run_id=prepared.doc["run_id"],
-        status="duplicate",
-        correlation_id=run.correlation_id,
-        correlation_source=run.correlation_source,
-        trace_kind=run.trace_kind,
-        n_steps=rows["n_steps"],
-    )
-    if run.content_hash == prepared.digest:
-        return duplicate
-    doc_row = conn.execute(
-        select(DOCUMENTS.c.body, DOCUMENTS.c.encoding).where(DOCUMENTS.c.run_pk == run.id)
-    ).one()
-    # Compared exactly: through floats, 30-digit integers that differ in the last digit
-    # (or 1e-400 and 0) would look equal and other content would pass as a duplicate.
-    stored = loads_exact(decompress_document(doc_row.body, doc_row.encoding))
-    posted = loads_exact(prepared.raw)
-    parts = _differing_parts(stored, posted)
-    if parts:
-        # One instant written in another of its forms (an ISO string where the task app
-        # wrote a Python repr, SPEC §2) is the same rollout posted again.
-        parts = _differing_parts(
-            {k: with_instants(stored[k]) for k in parts if k in stored},
-            {k: with_instants(posted[k]) for k in parts if k in posted},
-        )
-    if not parts:
-        return duplicate  # the same JSON value, spelled differently
-    error = Conflict(
-        f"run_id {prepared.doc['run_id']!r} was already stored with other content; "
-        f"differing top-level parts: {', '.join(parts)}",
-        run_id=prepared.doc["run_id"],
-        differing_parts=parts,
-    )
-    return IngestResult(
-        run_id=prepared.doc["run_id"],
-        status="conflict",
-        correlation_id=rows["correlation_id"],
-        correlation_source=rows["correlation_source"],
-        trace_kind=rows["trace_kind"],
-        error=error,
-    )
-
-
-def _trace_children(
-    out: dict[Table, list[dict[str, Any]]],
-    trace: TraceRows,
-    trace_pk: int,
-    run_pk: int,
-    step_pks: Iterator[int],
-) -> None:
-    """Append a trace's time-step, event and message rows to `out`, keys wired."""
-    by_position: dict[Any, int] = {}
-    for ts in trace.time_steps:
-        by_position[ts["position"]] = pk = next(step_pks)
-        out[TIME_STEPS].append(dict(ts, id=pk, trace_pk=trace_pk))
-    out[EVENTS].extend(
-        dict(e, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
-        for e, at in zip(trace.events, trace.event_steps, strict=True)
-    )
-    out[MESSAGES].extend(
-        dict(m, trace_pk=trace_pk, run_pk=run_pk, time_step_pk=by_position.get(at))
-        for m, at in zip(trace.messages, trace.message_steps, strict=True)
-    )
-
-
-def write_trace(
-    conn: Connection, run_pk: int, trace: TraceRows, provenance: dict[str, Any] | None = None
-) -> int:
-    """Insert one trace's rows (trace, time steps, events, messages); returns its key.
-
-    `provenance` (origin, converter, converter_version, source_hash) marks a trace that
-    tracestore converted rather than received.
-    """
-    trace_row = dict(trace.trace, run_pk=run_pk, **(provenance or _RECEIVED))
-    # Through SQLAlchemy (one row): a unique violation on the run-level trace index must
-    # surface as IntegrityError for backfill's savepoint.
-    trace_pk: int = conn.execute(_INSERT_TRACE, trace_row).scalar_one()
-    out: dict[Table, list[dict[str, Any]]] = {TIME_STEPS: [], EVENTS: [], MESSAGES: []}
-    step_pks = iter(allocate_ids(conn, TIME_STEPS, len(trace.time_steps)))
-    _trace_children(out, trace, trace_pk, run_pk, step_pks)
-    for table, table_rows in out.items():  # time steps before the rows that point at them
-        bulk_insert(conn, table, table_rows)
-    return trace_pk
-
-
-def store_prepared(conn: Connection, prepared: Prepared) -> IngestResult:
-    """Store a prepared rollout in the caller's transaction, in a savepoint of its own.
-
-    Returns `duplicate` or `conflict` (writing nothing) when the run_id is already stored.
-    """
-    taken: Exception | None = None
-    for _attempt in range(3):
-        existing = _existing(conn, prepared)
-        if existing is not None:
-            return existing
-        try:
-            # The savepoint makes the rollout all-or-nothing inside a larger transaction.
-            with conn.begin_nested():
-                write_many(conn, [prepared], datetime.now(UTC))
-        except _integrity_errors(conn) as exc:
-            # A concurrent transaction stored the same run_id between our check and our
-            # insert; only our savepoint was undone. Check again: duplicate or conflict.
-            taken = exc
-            continue
-        return _created(prepared)
-    raise RuntimeError("run_id kept colliding with concurrent inserts") from taken
-
-
-def _integrity_errors(conn: Connection) -> tuple[type[Exception], ...]:
-    # SQLAlchemy's, and the driver's own: bulk writes go to the driver directly.
-    return (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError)
-
-
-def _created(prepared: Prepared) -> IngestResult:
-    run = prepared.rows.run
-    return IngestResult(
-        run_id=run["run_id"],
-        status="created",
-        correlation_id=run["correlation_id"],
-        correlation_source=run["correlation_source"],
-        trace_kind=run["trace_kind"],
-        n_steps=run["n_steps"],
-    )
-
-
-def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetime) -> None:
-    """Insert every row of several new rollouts: one bulk write per table for all of them.
-
-    Keys are allocated up front for the whole set, so a table is written once per batch
-    instead of once per rollout (on PostgreSQL each write is a round trip).
-    """
-    run_pks = allocate_ids(conn, RUNS, len(items))
-    traj_pks = iter(allocate_ids(conn, TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)))
-    trace_pks = iter(allocate_ids(conn, TRACES, sum(len(p.rows.traces) for p in items)))
-    ts_pks = iter(
-        allocate_ids(conn, TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces))
-    )
-    out: dict[Table, list[dict[str, Any]]] = {
-        t: [] for t in (RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES)
-    }
-    for prepared, run_pk in zip(items, run_pks, strict=True):
-        rows = prepared.rows
-        out[RUNS].append(
-            dict(
-                rows.run,
-                id=run_pk,
-                received_at=received_at,
-                content_hash=prepared.digest,
-                doc_bytes=len(prepared.raw),
-            )
-        )
-        out[DOCUMENTS].append(
-            {
-                "run_pk": run_pk,
-                "encoding": DOCUMENT_ENCODING,
-                "body": compress_document(prepared.raw),
-            }
-        )
-        for traj, steps in zip(rows.trajectories, rows.steps, strict=True):
-            traj_pk = next(traj_pks)
-            out[TRAJECTORIES].append(dict(traj, id=traj_pk, run_pk=run_pk))
-            out[STEPS].extend(dict(s, run_pk=run_pk, trajectory_pk=traj_pk) for s in steps)
-        for trace in rows.traces:
-            trace_pk = next(trace_pks)
-            out[TRACES].append(dict(trace.trace, id=trace_pk, run_pk=run_pk, **_RECEIVED))
-            _trace_children(out, trace, trace_pk, run_pk, ts_pks)
-    # Parents before children: the foreign keys are checked row by row.
-    for table, table_rows in out.items():
-        bulk_insert(conn, table, table_rows)
-    write_drift_many(conn, [(pk, p.drift) for pk, p in zip(run_pks, items, strict=True)])
-
-
-def store_chunk(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult]:
-    """Store several prepared rollouts in the caller's transaction, each standing alone.
-
-    Fast path: the run_ids are looked up at once and the new rollouts written together
-    (write_many) in one savepoint. If that fails on a constraint (another transaction
-    stored one of the run_ids meanwhile), the savepoint is undone and each rollout goes
-    through store_prepared, in a savepoint of its own. A run_id twice in one chunk: the
-    later ones also take that path, so they see the first one's row.
-    """
-    ids = [p.doc["run_id"] for p in chunk]
-    found = {
-        r.run_id: r
-        for r in conn.execute(_FIND_RUN.add_columns(RUNS.c.run_id).where(RUNS.c.run_id.in_(ids)))
-    }
-    results: list[IngestResult | None] = [None] * len(chunk)
-    fresh: dict[str, int] = {}
-    for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
-        if run_id in found:
-            results[i] = _answer_existing(conn, prepared, found[run_id])
-        elif run_id not in fresh:
-            fresh[run_id] = i
-    if fresh:
-        try:
-            with conn.begin_nested():
-                write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
-        except _integrity_errors(conn):
-            pass  # undone: the slow path below decides each one
-        else:
-            for i in fresh.values():
-                results[i] = _created(chunk[i])
-    return [
-        r if r is not None else store_prepared(conn, p) for r, p in zip(results, chunk, strict=True)
-    ]
-
-
 # A transaction holds SQLite's single write lock: bound how much one batch does under it.
 MAX_ROLLOUTS_PER_TRANSACTION = 64
 MAX_BYTES_PER_TRANSACTION = 16 * 1024 * 1024
@@ -427,8 +92,8 @@ def _chunks(prepared: Sequence[Prepared]) -> Iterator[list[Prepared]]:
         yield chunk
 
 
-def ingest_prepared_many(engine: Engine, prepared: Sequence[Prepared]) -> list[IngestResult]:
-    """Store rollouts, each standing alone (a savepoint each), a few per transaction.
+def store_prepared(engine: Engine, prepared: Sequence[Prepared]) -> list[IngestResult]:
+    """Store prepared rollouts, each standing alone (a savepoint each), a few per transaction.
 
     Sharing a transaction means one commit, so one disk flush, for many rollouts; nothing
     is acknowledged before its transaction commits.
@@ -436,26 +101,26 @@ def ingest_prepared_many(engine: Engine, prepared: Sequence[Prepared]) -> list[I
     results: list[IngestResult] = []
     for chunk in _chunks(prepared):
         with write_session(engine) as session:
-            results.extend(store_chunk(session.connection(), chunk))
+            results.extend(store_many(session.connection(), chunk))
     return results
 
 
-def ingest_prepared(engine: Engine, prepared: Prepared) -> IngestResult:
-    """Store one prepared rollout in its own transaction (all or nothing)."""
-    return ingest_prepared_many(engine, [prepared])[0]
-
-
 def ingest_bytes(engine: Engine, raw: bytes, doc: Any = _MISSING) -> IngestResult:
-    """Ingest one raw document: parse, validate, project, store. Bad input raises."""
-    return ingest_prepared(engine, prepare(raw, doc))
+    """Ingest one raw document in its own transaction. Bad input raises (nothing written).
+
+    `doc` is the document already parsed from `raw`, when the caller has it.
+    """
+    return store_prepared(engine, [prepare(raw, doc)])[0]
 
 
-def ingest_many(engine: Engine, items: Sequence[tuple[bytes, Any]]) -> list[IngestResult]:
-    """Ingest several documents, each standing or falling alone; errors become results."""
+def ingest_many(engine: Engine, items: Sequence[bytes | tuple[bytes, Any]]) -> list[IngestResult]:
+    """Ingest several documents (raw bytes, or (bytes, parsed) pairs), each standing or
+    falling alone: a bad one becomes an `invalid` result, in its place."""
     results: list[IngestResult | None] = []
     ready: list[tuple[int, Prepared]] = []
     with cyclic_gc_paused():  # across the batch: its parsed documents are all alive
-        for raw, doc in items:
+        for item in items:
+            raw, doc = (item, _MISSING) if isinstance(item, bytes) else item
             try:
                 if doc is _MISSING:
                     doc = parse_json(raw)  # here, so a refusal can still name the run_id
@@ -470,12 +135,7 @@ def ingest_many(engine: Engine, items: Sequence[tuple[bytes, Any]]) -> list[Inge
                         error=exc,
                     )
                 )
-    stored = ingest_prepared_many(engine, [p for _, p in ready])
+    stored = store_prepared(engine, [p for _, p in ready])
     for (index, _), result in zip(ready, stored, strict=True):
         results[index] = result
     return [r for r in results if r is not None]
-
-
-def ingest_raw_many(engine: Engine, raws: Sequence[bytes]) -> list[IngestResult]:
-    """Ingest raw documents (each parsed here), each standing or falling alone."""
-    return ingest_many(engine, [(raw, _MISSING) for raw in raws])

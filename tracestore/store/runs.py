@@ -13,10 +13,10 @@ from sqlalchemy import BindParameter, Select, bindparam, select, union
 from sqlalchemy.orm import Session
 
 from tracestore.correlation import lookup_forms
-from tracestore.drift.store import drift_kinds_for, has_drift_clause
 from tracestore.errors import InvalidRequest, NotFound
-from tracestore.ingest.service import decompress_document
-from tracestore.models import Run, RunDocument, Trajectory
+from tracestore.models import Run, Trajectory
+from tracestore.store.documents import load_document
+from tracestore.store.drift import drift_kinds_for, has_drift_clause
 
 MAX_LIMIT = 1000
 # Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
@@ -59,11 +59,6 @@ class RunFilter:
 # The look-ups' statements are built once and executed with parameters on the session's
 # Core connection: building the expression and the ORM execution layer cost more than
 # the indexed SELECT itself (bench/README.md).
-_DOCUMENT = (
-    select(RunDocument.body, RunDocument.encoding)
-    .join(Run, Run.id == RunDocument.run_pk)
-    .where(Run.run_id == bindparam("run_id"))
-)
 _CID: BindParameter[str] = bindparam("cid")
 _IDS_OF_RUNS = (
     select(Trajectory.run_pk, Trajectory.env_id, Trajectory.policy_id)
@@ -74,10 +69,7 @@ _IDS_OF_RUNS = (
 
 def get_document(session: Session, run_id: str) -> bytes:
     """The rollout exactly as received (raw JSON bytes); NotFound when absent."""
-    row = session.connection().execute(_DOCUMENT, {"run_id": run_id}).first()
-    if row is None:
-        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
-    return decompress_document(row.body, row.encoding)
+    return load_document(session.connection(), run_id)
 
 
 def encode_cursor(last_pk: int) -> str:

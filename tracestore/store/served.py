@@ -15,13 +15,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 import orjson
-from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from tracestore.convert import Conversion, trace_to_trajectories, trajectories_to_trace
 from tracestore.errors import NotFound
-from tracestore.ingest.service import decompress_document
-from tracestore.models import Run, RunDocument
+from tracestore.store.documents import load_document_received
 from tracestore.wire.trace import classify_trace, unwrap_trace
 
 Source = Literal["stored", "converted"]
@@ -38,19 +36,10 @@ class Served:
     conversion: Conversion[Any] | None = None
 
 
-_SERVED = (
-    select(RunDocument.body, RunDocument.encoding, Run.received_at)
-    .join(Run, Run.id == RunDocument.run_pk)
-    .where(Run.run_id == bindparam("run_id"))
-)
-
-
 def _document(session: Session, run_id: str) -> tuple[dict[str, Any], datetime]:
-    row = session.connection().execute(_SERVED, {"run_id": run_id}).first()
-    if row is None:
-        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
-    doc: dict[str, Any] = orjson.loads(decompress_document(row.body, row.encoding))
-    return doc, row.received_at
+    raw, received_at = load_document_received(session.connection(), run_id)
+    doc: dict[str, Any] = orjson.loads(raw)
+    return doc, received_at
 
 
 def _has_steps(doc: Mapping[str, Any]) -> bool:

@@ -30,12 +30,8 @@ from tracestore.api.schemas import (
 from tracestore.drift.service import has_trajectories
 from tracestore.errors import EmptyBatch, PayloadTooLarge, UnsupportedMediaType
 from tracestore.ingest.parse import split_batch_array
-from tracestore.ingest.service import (
-    IngestResult,
-    cyclic_gc_paused,
-    ingest_bytes,
-    ingest_raw_many,
-)
+from tracestore.ingest.service import cyclic_gc_paused, ingest_bytes, ingest_many
+from tracestore.store.rollouts import IngestResult
 from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
@@ -113,7 +109,7 @@ def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
         )
     results: list[dict[str, Any]] = []
     counts = {"created": 0, "duplicate": 0, "conflict": 0, "invalid": 0}
-    for index, result in enumerate(ingest_raw_many(state.engine, items)):
+    for index, result in enumerate(ingest_many(state.engine, items)):
         counts[result.status] += 1
         results.append({"index": index, "http_status": _result_status(result), **result.to_json()})
     return {"results": results, "summary": {"total": len(items), **counts}}
