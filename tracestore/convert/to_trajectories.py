@@ -228,6 +228,41 @@ def _step_info(env_step: EnvStep, j: int, url: str, losses: LossCollector) -> di
     return info
 
 
+def _core_step(env_step: EnvStep) -> dict[str, Any]:
+    """A step's obs, tool calls, reward, done and truncated, as the conversion gives them."""
+    event = env_step.event
+    obs = env_step.observation()
+    reward = _number(event.get("reward"))
+    return {
+        "obs": obs if obs is not None else {},
+        # One shape whatever dialect the trace holds: a trainer reads
+        # tool_calls[k]["arguments"][...] as an object.
+        "tool_calls": [trajectory_tool_call(c) for c in env_step.tool_calls or ()],
+        "reward": reward if reward is not None else 0.0,
+        "done": bool(event.get("terminated")),
+        "truncated": bool(event.get("truncated")),
+    }
+
+
+def core_steps(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each step's obs, tool_calls, reward, done and truncated as `trace_to_trajectories`
+    gives them for a bare trace, without the rest of the conversion (info, the loss report,
+    provenance): what the phase-1 reproduction check compares, at a fraction of the cost.
+    """
+    if classify_trace(trace) not in ("full", "wrapped"):
+        return []
+    view = view_trace(trace)
+    meta = view.session.get("metadata")
+    if isinstance(meta, Mapping) and CARRY_KEY in meta:
+        # A trace we made: the carry decides what comes back; take the whole conversion.
+        out: list[dict[str, Any]] = []
+        for trajectory in trace_to_trajectories(trace).data:
+            steps = _get(trajectory, "steps")
+            out.extend(steps if isinstance(steps, list) else [])
+        return out
+    return [_core_step(s) for s in view.environment_steps()]
+
+
 def _from_trace(
     steps: list[EnvStep],
     meta: Mapping[str, Any],
@@ -239,37 +274,21 @@ def _from_trace(
     out_steps: list[dict[str, Any]] = []
     for j, env_step in enumerate(steps):
         event = env_step.event
-        obs = env_step.observation()
-        if obs is None:
+        if env_step.observation() is None:
             losses.add_step(
                 0, j, "obs", "lost", "no system_state_before or observation message: {}"
             )
-            obs = {}
-        calls = env_step.tool_calls
-        if calls is None:
+        if env_step.tool_calls is None:
             losses.add_step(0, j, "tool_calls", "default", "no tool calls in the trace: []")
-            calls = []
-        reward = _number(event.get("reward"))
-        if reward is None:
+        if _number(event.get("reward")) is None:
             losses.add_step(0, j, "reward", "default", "no numeric reward: 0.0")
-            reward = 0.0
-        done, truncated = event.get("terminated"), event.get("truncated")
-        if type(done) is not bool:
+        if type(event.get("terminated")) is not bool:
             losses.add_step(0, j, "done", "default", "terminated not a bool: bool(terminated)")
-        if type(truncated) is not bool:
+        if type(event.get("truncated")) is not bool:
             losses.add_step(0, j, "truncated", "default", "not a bool: bool(truncated)")
-        out_steps.append(
-            {
-                "obs": obs,
-                # One shape whatever dialect the trace holds: a trainer reads
-                # tool_calls[k]["arguments"][...] as an object.
-                "tool_calls": [trajectory_tool_call(c) for c in calls],
-                "reward": reward,
-                "done": bool(done),
-                "truncated": bool(truncated),
-                "info": _step_info(env_step, j, inference_url, losses),
-            }
-        )
+        step = _core_step(env_step)
+        step["info"] = _step_info(env_step, j, inference_url, losses)
+        out_steps.append(step)
     last_after = steps[-1].event.get("system_state_after")
     if last_after is None:
         losses.add("trajectories[0].final", "lost", "no system_state_after on the last event: null")

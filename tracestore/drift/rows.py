@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tracestore.convert import CONVERTER_VERSION, trace_to_trajectories
+from tracestore.convert import CONVERTER_VERSION
+from tracestore.convert.to_trajectories import core_steps
 from tracestore.drift.compare import REWARD_TOLERANCE, Comparison, compare_rollout
 from tracestore.store.drift import DriftRows
 from tracestore.toolcalls import normalize_tool_calls
@@ -88,8 +89,8 @@ def reproduction(doc: Mapping[str, Any]) -> Reproduction:
     if kind not in ("full", "wrapped") or not isinstance(trace, Mapping):
         return Reproduction(True, False, f"{kind}_trace", f"a {kind} trace has no per-step events")
     # The trace alone, without the envelope: the envelope only lends the cid and inference
-    # URL, which are not compared (and resolving the cid again costs a tenth of the check).
-    converted = _steps(trace_to_trajectories(trace).data)
+    # URL, which are not compared. Only the compared fields are converted (core_steps).
+    converted = core_steps(trace)
     if len(converted) != len(stored):
         return Reproduction(
             True,

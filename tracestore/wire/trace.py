@@ -277,6 +277,9 @@ class TraceView:
     time_steps: list[Any]
     events: list[Placed] = field(default_factory=list)
     messages: list[Placed] = field(default_factory=list)
+    # environment_steps() once per view: ingest's comparison and reproduction check both
+    # read it (a view is never changed after it is made).
+    _env_steps: list[EnvStep] | None = None
 
     def environment_events(self) -> Iterator[Mapping[str, Any]]:
         """Environment events, each once, in time-step order."""
@@ -292,6 +295,11 @@ class TraceView:
         comparison both read steps here, so a converted trajectory never drifts from the
         trace it came from.
         """
+        if self._env_steps is None:
+            self._env_steps = self._read_environment_steps()
+        return self._env_steps
+
+    def _read_environment_steps(self) -> list[EnvStep]:
         positions: dict[str, int] = {}
         for s, time_step in enumerate(self.time_steps):
             sid = _get(time_step, "step_id")
