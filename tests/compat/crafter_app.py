@@ -9,12 +9,13 @@ SQLite trace database in a temp dir), with an OpenAI-compatible stub policy on
 posts a RolloutRequest per seed to the app's /rollout, as a trainer does, with the
 inference URL carrying a `?cid=`.
 
-stdin:  {"seeds": [int], "steps": int, "tracestore_url": str | null}
+stdin:  {"seeds": [int], "steps": int, "tracestore_url": str | null, "trace_db": str | null}
 stdout: {"rollouts": [RolloutResponse dicts], "seconds": [per rollout], "posted": [...]
          | null, "policy_calls": [{"path", "query", "tools", "n_messages"}], ...}
 With tracestore_url and the light client (tracestore_client) installed in this venv, the
 app's rollout handler also posts each rollout it returns, the one call the README asks a
 task app to add; "posted" holds the client's results (null without the client).
+With "trace_db", the app's own trace database (what its tracer wrote) is copied there.
 """
 
 from __future__ import annotations
@@ -274,6 +275,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 rollouts.append(response.json())
     finally:
         policy.shutdown()
+    if request.get("trace_db"):
+        # The app's tracer has closed its connection: the file is whole.
+        shutil.copyfile(_WORKDIR / "task_traces.db", request["trace_db"])
     return {
         "rollouts": rollouts,
         "requests": requests,

@@ -93,10 +93,24 @@ class Producer:
         answer = self._run("judge.py", request, timeout=600)
         return {v["id"]: v for v in answer["verdicts"]}, answer["producer"]
 
+    def synth_tracer(self, request: dict[str, Any]) -> Any:
+        """synth-ai's own tracer writing (or reading back) its trace database (synth_tracer.py)."""
+        return self._run("synth_tracer.py", request, timeout=900)
+
     def crafter_rollouts(
-        self, seeds: tuple[int, ...], steps: int, tracestore_url: str | None
+        self,
+        seeds: tuple[int, ...],
+        steps: int,
+        tracestore_url: str | None,
+        trace_db: Path | None = None,
     ) -> dict[str, Any]:
-        """Rollouts of the real grpo-crafter task app (see crafter_app.py)."""
-        request = {"seeds": list(seeds), "steps": steps, "tracestore_url": tracestore_url}
+        """Rollouts of the real grpo-crafter task app (see crafter_app.py); with `trace_db`,
+        the app's own trace database is copied there."""
+        request = {
+            "seeds": list(seeds),
+            "steps": steps,
+            "tracestore_url": tracestore_url,
+            "trace_db": str(trace_db) if trace_db is not None else None,
+        }
         result: dict[str, Any] = self._run("crafter_app.py", request, timeout=600)
         return result

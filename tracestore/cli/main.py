@@ -11,6 +11,7 @@ from tracestore import __version__
 from tracestore.cli import convert as convert_cli
 from tracestore.cli import db as db_cli
 from tracestore.cli import drift as drift_cli
+from tracestore.cli import importer as importer_cli
 from tracestore.cli import reports as reports_cli
 from tracestore.cli import spool as spool_cli
 from tracestore.cli.common import (
@@ -43,6 +44,7 @@ app.command(name="ingest")(ingest)
 app.command(name="demo")(demo)
 convert_cli.register(app)
 drift_cli.register(app)
+importer_cli.register(app)
 reports_cli.register(app)
 spool_cli.register(app)
 

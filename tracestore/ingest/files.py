@@ -33,6 +33,7 @@ DIRECTORY_PATTERNS = tuple(f"*{s}{gz}" for s in DOCUMENT_SUFFIXES for gz in ("",
 FIFO_WAIT_ENV = "TRACESTORE_FIFO_WAIT"
 DEFAULT_FIFO_WAIT = 10.0
 _POLL_SECONDS = 0.05
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class UnreadableFile(TracestoreError):
@@ -262,6 +263,13 @@ def _iter_file(path: Path, on_progress: Callable[[int], None] | None) -> Iterato
         data = stream.read()
         if on_progress is not None:
             on_progress(counted.count)
+    if data.startswith(_SQLITE_MAGIC):
+        # Not rollout JSON at all: most likely synth-ai's own trace database, which has its
+        # own importer. Said once for the file, not as one "invalid JSON" document.
+        raise UnreadableFile(
+            f"{path}: a SQLite database, not rollout JSON; synth-ai's trace database goes in "
+            f"with `tracestore import synth-db {path}`"
+        )
     try:
         items = split_array(data)
     except ValueError as exc:

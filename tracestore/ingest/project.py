@@ -116,6 +116,11 @@ class _Typer:
     def bool(self, value: object, path: str) -> bool | None:
         if value is None or isinstance(value, bool):
             return value
+        if type(value) is int and value in (0, 1):
+            # SQLite has no boolean: synth-ai's own read-back of its trace database
+            # (trace_utils.load_session_trace) gives `terminated` and `truncated` as 0/1.
+            # The typed column reads them as false/true; the document keeps the 0/1.
+            return value == 1
         self.fail(path, "true, false or null", value)
         return None
 
