@@ -50,7 +50,8 @@ def test_every_route_refuses_an_unknown_query_parameter(http: httpx.Client) -> N
     [
         ("/v1/rollouts", {"env": "e"}, "env_id"),
         ("/v1/rollouts", {"envid": "e", "limit": "5"}, "env_id"),
-        ("/v1/drift", {"has_drift": "true"}, "kind"),
+        ("/v1/drift", {"has_drifts": "true"}, "has_drift"),
+        ("/v1/drift", {"env": "e"}, "env_id"),
         ("/v1/correlations/c", {"limit": "1"}, None),
     ],
 )

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, select
 
 from tests.conftest import Database, Example, LiveServer, row_counts
 from tests.drift.helpers import created, label_figures
+from tracestore.api import observability
 from tracestore.db.uow import read_session
 from tracestore.models.drift import LegacyRead
 from tracestore.settings import Settings
@@ -198,9 +199,17 @@ def _post_all_keyed(client: httpx.Client, examples: list[Example], key: dict[str
     assert response.status_code == 207, response.text
 
 
+def _reads_of(engine: Engine, client: str) -> list[tuple[str, str, int]]:
+    with read_session(engine) as session:
+        rows = session.scalars(select(LegacyRead).where(LegacyRead.client == client))
+        return [(r.client, r.route, r.reads) for r in rows]
+
+
 def test_reads_are_flushed_at_shutdown(
-    database: Database, engine: Engine, examples: list[Example]
+    database: Database, engine: Engine, examples: list[Example], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No periodic flush while the server runs: only its shutdown can write the reads.
+    monkeypatch.setattr(observability, "FLUSH_SECONDS", 3600.0)
     ex = next(e for e in created(examples) if e.doc.get("trajectories"))
     key = "shutdown-test-key"
     headers = {"X-API-Key": key}
@@ -211,13 +220,9 @@ def test_reads_are_flushed_at_shutdown(
         for _ in range(3):
             got = httpx.get(f"{live.url}/v1/rollouts/{ex.label['run_id']}", headers=headers)
             assert got.status_code == 200
-    # No status request flushed them: the shutdown did.
-    with read_session(engine) as session:
-        rows = [
-            (r.client, r.route, r.reads)
-            for r in session.scalars(select(LegacyRead).where(LegacyRead.client == "at-shutdown"))
-        ]
-    assert rows == [("at-shutdown", "rollout", 3)]
+        # Counted in the server's memory, not yet in the store.
+        assert _reads_of(engine, "at-shutdown") == []
+    assert _reads_of(engine, "at-shutdown") == [("at-shutdown", "rollout", 3)]
 
 
 def test_report_and_metrics_need_a_key_when_keys_are_set(
@@ -425,3 +430,18 @@ def test_metrics_name_a_configured_key_never_show_it(
     for key in SECRET:
         assert key not in text
         assert not any(h in text for h in _key_hashes(key))
+
+
+def test_drift_takes_the_run_lists_filters(http: Any, examples: list[Example]) -> None:
+    # GET /v1/drift filters runs as GET /v1/rollouts does (one dependency), has_drift too.
+    for ex in examples:
+        http.post("/v1/rollouts", content=ex.raw)
+    drifting = http.get("/v1/drift", params={"has_drift": "true"})
+    assert drifting.status_code == 200, drifting.text
+    clean = http.get("/v1/drift", params={"has_drift": "false"}).json()
+    body = drifting.json()
+    assert body["runs"] == body["runs_with_drift"] > 0
+    assert clean["runs_with_drift"] == 0
+    assert body["runs"] + clean["runs"] == http.get("/v1/drift").json()["runs"]
+    listed = http.get("/v1/rollouts", params={"has_drift": "true", "limit": 1000}).json()
+    assert len(listed["items"]) == body["runs"]

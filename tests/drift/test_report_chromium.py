@@ -86,9 +86,10 @@ class _Figures(HTMLParser):
         a = dict(attrs)
         if a.get("data-figure"):
             self._figure = a["data-figure"]
-        if tag == "figure" and a.get("id"):
-            self._chart = a["id"]
-            self.charts[self._chart] = 0
+        chart = a.get("id")
+        if tag == "figure" and chart:
+            self._chart = chart
+            self.charts[chart] = 0
         if tag == "svg" and self._chart is not None:
             self.charts[self._chart] += 1
 

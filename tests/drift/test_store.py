@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +25,10 @@ from tests.unit.test_drift_compare import build_rollout, gen_rollouts, inject
 from tracestore.db.engine import create_engine
 from tracestore.db.uow import read_session, write_session
 from tracestore.drift import COMPARATOR_VERSION, DRIFT_KINDS
-from tracestore.drift.service import (
-    DriftFilter,
-    LegacyReadTracker,
-    migration_status,
-    recompute,
-    run_drift,
-    summary,
-    window,
-)
+from tracestore.drift.gates import migration_status
+from tracestore.drift.queries import DriftFilter, run_drift, summary, window
+from tracestore.drift.reads import LegacyReadTracker
+from tracestore.drift.recompute import recompute
 from tracestore.ingest.service import ingest_bytes
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
@@ -91,7 +86,7 @@ def test_injected_kind_is_stored_at_its_step(
     trajectory_index, step_index, position = inject(doc, kind, steps // 2)
     assert ingest_bytes(engine, orjson.dumps(doc)).status == "created"
     with read_session(engine) as session:
-        body = run_drift(session, doc["run_id"])
+        body = run_drift(session, doc["run_id"]).model_dump()
     assert body["stored"] is True
     assert body["comparable"] is True
     assert [
@@ -113,7 +108,7 @@ def test_generated_clean_rollouts_store_no_findings(engine: Engine, gen: Any) ->
     doc["run_id"] = f"gen-{datetime.now(UTC).timestamp()}-{id(gen)}"
     assert ingest_bytes(engine, orjson.dumps(doc)).status == "created"
     with read_session(engine) as session:
-        body = run_drift(session, doc["run_id"])
+        body = run_drift(session, doc["run_id"]).model_dump()
     assert body["comparable"] is True
     assert body["findings"] == []
     # Observations or tool calls the trace does not hold cannot come back from it.
@@ -161,8 +156,8 @@ def test_status_figures_equal_label_figures(engine: Engine, examples: list[Examp
     ingest_examples(engine, examples)
     expected = label_figures(examples)
     with read_session(engine) as session:
-        drift = summary(session, DriftFilter())
-        status = migration_status(session, *window(None, None), budget=0.001)
+        drift = summary(session, DriftFilter()).model_dump()
+        status = migration_status(session, *window(None, None), budget=0.001).model_dump()
     for key in ("runs", "comparable_runs", "comparable_runs_with_drift", "runs_with_drift"):
         assert drift[key] == expected[key], key
     assert drift["drift_rate"] == pytest.approx(expected["drift_rate"])
@@ -207,7 +202,7 @@ def test_kind_filter_counts_only_that_kind(engine: Engine, examples: list[Exampl
     ingest_examples(engine, examples)
     expected = label_figures(examples)
     with read_session(engine) as session:
-        drift = summary(session, DriftFilter(kind="reward_mismatch"))
+        drift = summary(session, DriftFilter(kind="reward_mismatch")).model_dump()
     assert drift["comparable_runs"] == expected["comparable_runs"]
     assert drift["comparable_runs_with_drift"] == expected["kinds"]["reward_mismatch"]
     assert list(drift["by_kind"]) == ["reward_mismatch"]
@@ -217,8 +212,10 @@ def test_empty_store_gives_no_rates(engine: Engine) -> None:
     # A window of its own: live servers of other tests may flush today's legacy reads.
     start = datetime(2001, 1, 1, tzinfo=UTC)
     with read_session(engine) as session:
-        drift = summary(session, DriftFilter())
-        status = migration_status(session, start, start + timedelta(days=7), budget=0.001)
+        drift = summary(session, DriftFilter()).model_dump()
+        status = migration_status(
+            session, start, start + timedelta(days=7), budget=0.001
+        ).model_dump()
     assert (drift["runs"], drift["drift_rate"], drift["by_day"]) == (0, None, [])
     assert [p["verdict"] for p in status["phases"]] == [
         "insufficient_data",
@@ -238,10 +235,12 @@ def test_recompute_restores_findings_in_batches(engine: Engine, examples: list[E
     before = _findings(engine)
     _drop_drift(engine)  # as after upgrading a store that predates drift checks
     with read_session(engine) as session:
-        assert summary(session, DriftFilter())["unchecked_runs"] == len(created(examples))
+        assert summary(session, DriftFilter()).model_dump()["unchecked_runs"] == len(
+            created(examples)
+        )
         # A run never checked is still answered, computed on the fly and marked so.
         drifted = next(e for e in created(examples) if e.label["drift"])
-        body = run_drift(session, drifted.label["run_id"])
+        body = run_drift(session, drifted.label["run_id"]).model_dump()
     assert body["stored"] is False
     assert {f["kind"] for f in body["findings"]} == set(drifted.label["drift"])
 
@@ -330,7 +329,7 @@ def test_tracker_flush_upserts_per_client_day_route(engine: Engine) -> None:
     with read_session(engine) as session:
         status = migration_status(
             session, T0 - timedelta(days=1), T0 + timedelta(days=2), budget=0.001
-        )
+        ).model_dump()
     phase3 = status["phases"][2]
     assert phase3["verdict"] == "not_ready"
     assert phase3["figures"]["legacy_reads"] == 5
@@ -338,12 +337,15 @@ def test_tracker_flush_upserts_per_client_day_route(engine: Engine) -> None:
     readers = {(r["client"], r["route"]): r for r in phase3["figures"]["readers"]}
     key = readers[(KEY, "trajectories")]
     assert (key["reads"], key["last_seen"]) == (4, T0 + timedelta(days=1))
-    assert key["days"] == [{"day": "2001-02-03", "reads": 3}, {"day": "2001-02-04", "reads": 1}]
+    assert key["days"] == [
+        {"day": date(2001, 2, 3), "reads": 3},
+        {"day": date(2001, 2, 4), "reads": 1},
+    ]
     # A later window without reads: ready, and the clients are still listed as last seen.
     with read_session(engine) as session:
         later = migration_status(
             session, T0 + timedelta(days=10), T0 + timedelta(days=11), budget=0.001
-        )
+        ).model_dump()
     assert later["phases"][2]["verdict"] == "ready"
     assert {(r["client"], r["reads"]) for r in later["phases"][2]["figures"]["readers"]} >= {
         (KEY, 0),

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.convertors import Convertor, register_url_convertor
 
 from tracestore.errors import InvalidRequest
+from tracestore.store.runs import RunFilter
 from tracestore.timewindow import WHEN_HELP, parse_optional
 
 
@@ -66,6 +67,44 @@ POLICY_HELP = (
 def since_until(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
     """The `since` and `until` query parameters as aware UTC instants (None when absent)."""
     return parse_optional(since, name="since"), parse_optional(until, name="until")
+
+
+# --- the run filters: one dependency for every list-like route ----------------------------
+
+
+def run_filter(
+    correlation_id: Annotated[
+        str | None, Query(description="Canonical or per-trajectory cid.")
+    ] = None,
+    env_id: Annotated[str | None, Query(description=ENV_HELP)] = None,
+    policy_id: Annotated[str | None, Query(description=POLICY_HELP)] = None,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    trace_kind: Annotated[
+        str | None, Query(description="full, wrapped, summary, db_row, empty or unknown.")
+    ] = None,
+    has_trajectories: Annotated[
+        bool | None, Query(description="Only runs with (true) or without (false) trajectories.")
+    ] = None,
+    has_drift: Annotated[
+        bool | None, Query(description="Only runs with (true) or without (false) drift findings.")
+    ] = None,
+) -> RunFilter:
+    """The runs a list, a drift summary or a report covers (GET /v1/rollouts' filters)."""
+    start, end = since_until(since, until)
+    return RunFilter(
+        correlation_id=correlation_id,
+        env_id=env_id,
+        policy_id=policy_id,
+        since=start,
+        until=end,
+        trace_kind=trace_kind,
+        has_trajectories=has_trajectories,
+        has_drift=has_drift,
+    )
+
+
+RunFilterDep = Annotated[RunFilter, Depends(run_filter)]
 
 
 # --- unknown query parameters -------------------------------------------------------------

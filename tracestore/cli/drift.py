@@ -20,6 +20,7 @@ from tracestore.cli.common import (
     reported_errors,
     settings_for,
 )
+from tracestore.cli.remote import ReadKeyOption, ReadUrlOption, remote_client, server_url
 
 
 class Format(StrEnum):
@@ -50,7 +51,7 @@ def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_si
         TimeRemainingColumn,
     )
 
-    from tracestore.drift.service import recompute
+    from tracestore.drift.recompute import recompute
 
     progress = Progress(
         TextColumn("recomputing drift"),
@@ -79,6 +80,8 @@ def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_si
 
 def drift(
     db: DbOption = None,
+    url: ReadUrlOption = None,
+    api_key: ReadKeyOption = None,
     fmt: Annotated[
         Format,
         typer.Option(
@@ -88,6 +91,7 @@ def drift(
             "self-contained report page (charts inline).",
         ),
     ] = Format.table,
+    as_json: Annotated[bool, typer.Option("--json", help="The same as --format json.")] = False,
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="Write the report to this file (default: stdout)."),
@@ -167,34 +171,50 @@ def drift(
     2 usage or input error.
     """
     from tracestore.db.uow import read_session
+    from tracestore.drift.gates import report_data
+    from tracestore.drift.queries import DriftFilter, window
     from tracestore.drift.report import render_html, render_table, report_json
-    from tracestore.drift.service import DriftFilter, report_data, window
     from tracestore.store.runs import RunFilter
 
     if (stale or run) and not recompute:
         fail("--stale and --run go with --recompute")
+    if as_json:
+        fmt = Format.json
     start, end = parse_when(since, "--since"), parse_when(until, "--until")
-    with reported_errors():
+    remote = server_url(db, url)
+    if remote is not None:
         if recompute:
-            engine = open_store(db)
-            _recompute(
-                engine,
-                RunFilter(env_id=env, policy_id=policy, since=start, until=end),
-                stale,
-                run or [],
-                batch_size,
-            )
-        else:
-            engine = open_store(db, create_new_sqlite=False)
-        start, end = window(start, end, days)
-        f = DriftFilter(RunFilter(env_id=env, policy_id=policy, since=start, until=end), kind=kind)
-        with read_session(engine) as session:
-            report = report_data(
-                session,
-                f,
-                budget=budget if budget is not None else settings_for(db).drift_budget,
-            )
-        engine.dispose()
+            fail("--recompute writes to the store: run it with --db, not --url")
+        from tracestore.drift.models import DriftReport
+
+        # The server reads since/until with the same grammar, against its own clock.
+        params: dict[str, object] = {"since": since, "until": until, "env_id": env}
+        params |= {"policy_id": policy, "kind": kind, "budget": budget, "days": days}
+        with remote_client(remote, api_key) as client:
+            body = client.drift_report(**{k: str(v) for k, v in params.items() if v is not None})
+        report = DriftReport.model_validate(body)
+    else:
+        with reported_errors():
+            if recompute:
+                engine = open_store(db)
+                _recompute(
+                    engine,
+                    RunFilter(env_id=env, policy_id=policy, since=start, until=end),
+                    stale,
+                    run or [],
+                    batch_size,
+                )
+            else:
+                engine = open_store(db, create_new_sqlite=False)
+            start, end = window(start, end, days)
+            runs = RunFilter(env_id=env, policy_id=policy, since=start, until=end)
+            with read_session(engine) as session:
+                report = report_data(
+                    session,
+                    DriftFilter(runs, kind=kind),
+                    budget=budget if budget is not None else settings_for(db).drift_budget,
+                )
+            engine.dispose()
 
     if fmt is Format.table:
         if output is None:
@@ -218,7 +238,7 @@ def drift(
     if output is not None:
         err_console.print(f"wrote {output}", highlight=False, markup=False)
 
-    rate = report["summary"]["drift_rate"]
+    rate = report.summary.drift_rate
     if fail_above is not None and rate is not None and rate > fail_above:
         fail(f"drift rate {rate:.2%} is above {fail_above:.2%}", code=1)
 

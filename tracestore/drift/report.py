@@ -1,6 +1,6 @@
 """The drift report people read: one self-contained HTML page, a terminal view, and JSON.
 
-All three render the dict of `tracestore.drift.service.report_data`. Charts are drawn on
+All three render the `DriftReport` of `tracestore.drift.gates.report_data`. Charts are drawn on
 the server with matplotlib and inlined as SVG, so the page needs no network, no script
 and no other file to be read.
 """
@@ -8,7 +8,7 @@ and no other file to be read.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from html import escape
 from typing import Any
@@ -17,6 +17,21 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from tracestore.drift.models import (
+    DayGroup,
+    DriftReport,
+    KindCount,
+    MigrationStatus,
+    Phase2Figures,
+    Phase3Figures,
+    Reader,
+    WorstRun,
+)
+
+# Where a run (and one of its steps: its position) is shown, when the report is served beside
+# the inspector's pages; None for the self-contained file, which links nowhere.
+RunHref = Callable[[str, int | None], str]
 
 VERDICT_TEXT = {"ready": "ready", "not_ready": "not ready", "insufficient_data": "no data"}
 _RED, _GREEN, _GREY, _BLUE = "#c0392b", "#1e8449", "#7f8c8d", "#2e86c1"
@@ -35,9 +50,21 @@ def _when(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def report_json(report: dict[str, Any]) -> bytes:
+def report_json(report: DriftReport) -> bytes:
     """The report as JSON (datetimes in ISO 8601), for machines."""
-    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(report.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+
+
+def _budget(status: MigrationStatus) -> float:
+    figures = status.phases[1].figures
+    assert isinstance(figures, Phase2Figures)  # phase 2 is the drift budget's
+    return figures.budget
+
+
+def _readers(status: MigrationStatus) -> list[Reader]:
+    figures = status.phases[2].figures
+    assert isinstance(figures, Phase3Figures)  # phase 3 counts the readers
+    return figures.readers
 
 
 # --- charts -------------------------------------------------------------------------------
@@ -71,22 +98,21 @@ def _no_data(ax: Any, message: str) -> None:
         spine.set_visible(False)
 
 
-def chart_rate_per_day(by_day: Sequence[dict[str, Any]], budget: float) -> str:
+def chart_rate_per_day(by_day: Sequence[DayGroup], budget: float) -> str:
     """Drift rate per day (bars, red above the budget) with the budget line, as SVG."""
     figure = _figure(7.5, 2.8)
     ax = figure.add_subplot()
-    days = [d for d in by_day if d["drift_rate"] is not None]
+    rated = [(d, d.drift_rate) for d in by_day if d.drift_rate is not None]
+    days = [d for d, _ in rated]
     if not days:
         _no_data(ax, "no comparable runs in the window")
         return _svg(figure)
-    labels = [d["day"][5:] for d in days]  # MM-DD: the year is in the window line
-    rates = [100 * d["drift_rate"] for d in days]
-    colors = [_RED if d["drift_rate"] > budget else _GREEN for d in days]
+    labels = [d.day.strftime("%m-%d") for d in days]  # MM-DD: the year is in the window line
+    rates = [100 * r for _, r in rated]
+    colors = [_RED if r > budget else _GREEN for _, r in rated]
     bars = ax.bar(range(len(days)), rates, color=colors, width=0.7)
     if len(days) <= 31:  # room for "with drift / comparable" above each bar
-        ax.bar_label(
-            bars, [f"{d['runs_with_drift']}/{d['comparable_runs']}" for d in days], fontsize=7
-        )
+        ax.bar_label(bars, [f"{d.runs_with_drift}/{d.comparable_runs}" for d in days], fontsize=7)
     # A week's width at least, so that one day is not one wall-to-wall bar.
     ax.set_xlim(-0.6, max(len(days), 7) - 0.4)
     ax.axhline(100 * budget, color=_BLUE, linestyle="--", linewidth=1)
@@ -107,12 +133,12 @@ def chart_rate_per_day(by_day: Sequence[dict[str, Any]], budget: float) -> str:
     return _svg(figure)
 
 
-def chart_kinds(by_kind: dict[str, dict[str, int]]) -> str:
+def chart_kinds(by_kind: dict[str, KindCount]) -> str:
     """Runs with each drift kind (horizontal bars), as SVG."""
     figure = _figure(7.5, 2.8)
     ax = figure.add_subplot()
     kinds = list(by_kind)  # the summary lists them in DRIFT_KINDS order
-    runs = [by_kind[k]["runs"] for k in kinds]
+    runs = [by_kind[k].runs for k in kinds]
     if not kinds:
         _no_data(ax, "no drift kinds")
         return _svg(figure)
@@ -180,116 +206,139 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: set[i
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _phase_rows(status: dict[str, Any]) -> list[list[str]]:
+def _phase_rows(status: MigrationStatus) -> list[list[str]]:
     rows = []
-    for phase in status["phases"]:
-        verdict = phase["verdict"]
+    for phase in status.phases:
+        verdict = phase.verdict
         rows.append(
             [
-                str(phase["phase"]),
-                escape(phase["name"]),
+                str(phase.phase),
+                escape(phase.name),
                 f'<span class="verdict {verdict}">{VERDICT_TEXT[verdict]}</span>',
-                "<br>".join(escape(r) for r in phase["reasons"]),
+                "<br>".join(escape(r) for r in phase.reasons),
             ]
         )
     return rows
 
 
-def _worst_rows(worst: Sequence[dict[str, Any]]) -> list[list[str]]:
+def _where(run_id: str, position: int | None, text: str, run_href: RunHref | None) -> str:
+    if run_href is None or position is None:
+        return escape(text)
+    return f'<a href="{escape(run_href(run_id, position))}">{escape(text)}</a>'
+
+
+def _worst_rows(worst: Sequence[WorstRun], run_href: RunHref | None = None) -> list[list[str]]:
     rows = []
     for run in worst:
         findings = "<br>".join(
-            f"<b>{escape(f['kind'])}</b> "
+            f"<b>{escape(f.kind)}</b> "
             + (
-                f"traj {f['trajectory_index']} step {f['step_index']}: "
-                if f["step_index"] is not None
+                _where(
+                    run.run_id,
+                    f.position,
+                    f"traj {f.trajectory_index} step {f.step_index}",
+                    run_href,
+                )
+                + ": "
+                if f.step_index is not None
                 else ""
             )
-            + f"<code>{escape(str(f['expected']))}</code> ≠ <code>{escape(str(f['actual']))}</code>"
-            for f in run["findings"]
+            + f"<code>{escape(str(f.expected))}</code> ≠ <code>{escape(str(f.actual))}</code>"
+            for f in run.findings
         )
-        more = run["n_findings"] - len(run["findings"])
+        more = run.n_findings - len(run.findings)
         if more > 0:
             findings += f"<br>… and {more} more"
+        name = f"<code>{escape(run.run_id)}</code>"
+        if run_href is not None:
+            name = f'<a href="{escape(run_href(run.run_id, None))}">{name}</a>'
         rows.append(
             [
-                f"<code>{escape(run['run_id'])}</code>",
-                escape(_when(run["received_at"])),
-                escape(", ".join(run["env_ids"]) or "-"),
-                str(run["n_findings"]),
+                name,
+                escape(_when(run.received_at)),
+                escape(", ".join(run.env_ids) or "-"),
+                str(run.n_findings),
                 findings,
             ]
         )
     return rows
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The report as one self-contained HTML page (inline CSS and SVG; no script, no links)."""
-    s, status = report["summary"], report["status"]
-    budget = status["phases"][1]["figures"]["budget"]
-    rate = s["drift_rate"]
+def _cards(report: DriftReport, budget: float) -> str:
+    s, status = report.summary, report.status
+    rate = s.drift_rate
     rate_tone = "none" if rate is None else ("bad" if rate > budget else "good")
-    since, until = status["window"]["since"], status["window"]["until"]
-    filters = {k: v for k, v in s["filters"].items() if k not in ("since", "until")}
-    filter_text = ", ".join(f"{k}={v}" for k, v in filters.items())
-    cards = "".join(
+    return "".join(
         [
-            _card("runs in the window", str(s["runs"]), "runs"),
-            _card("comparable runs", str(s["comparable_runs"]), "comparable_runs"),
+            _card("runs in the window", str(s.runs), "runs"),
+            _card("comparable runs", str(s.comparable_runs), "comparable_runs"),
             _card(
                 "comparable runs with drift",
-                str(s["comparable_runs_with_drift"]),
+                str(s.comparable_runs_with_drift),
                 "runs_with_drift",
-                "bad" if s["comparable_runs_with_drift"] else "good",
+                "bad" if s.comparable_runs_with_drift else "good",
             ),
             _card(f"drift rate (budget {percent(budget)})", percent(rate), "drift_rate", rate_tone),
             _card(
                 "migration: safe through phase",
-                str(status["safe_through_phase"]),
+                str(status.safe_through_phase),
                 "safe_through_phase",
             ),
         ]
     )
-    notes = "".join(f"<p>{escape(n)}</p>" for n in status["notes"])
-    reasons = [[escape(r), str(n)] for r, n in s["not_comparable"].items()]
-    by_env = sorted(s["by_env"], key=lambda e: (-e["runs_with_drift"], str(e["env_id"])))[:20]
-    env_rows = [
+
+
+def _env_rows(report: DriftReport) -> list[list[str]]:
+    by_env = sorted(report.summary.by_env, key=lambda e: (-e.runs_with_drift, str(e.env_id)))
+    return [
         [
-            escape(str(e["env_id"])),
-            str(e["comparable_runs"]),
-            str(e["runs_with_drift"]),
-            percent(e["drift_rate"]),
+            escape(str(e.env_id)),
+            str(e.comparable_runs),
+            str(e.runs_with_drift),
+            percent(e.drift_rate),
         ]
-        for e in by_env
+        for e in by_env[:20]
     ]
-    readers = status["phases"][2]["figures"]["readers"]
-    reader_rows = [
+
+
+def _reader_rows(readers: Sequence[Reader]) -> list[list[str]]:
+    return [
         [
-            escape(r["client"]),
-            escape(r["route"]),
-            str(r["reads"]),
-            escape(_when(r["last_seen"])),
-            # Figures of older answers (and tests' hand-made ones) may lack the flag.
-            "yes" if r.get("counted", True) else "no (no key or label: a person looking)",
+            escape(r.client),
+            escape(r.route),
+            str(r.reads),
+            escape(_when(r.last_seen)),
+            "yes" if r.counted else "no (no key or label: a person looking)",
         ]
         for r in readers
     ]
-    worst = report["worst_runs"]
-    sections = [
-        "<h2>Migration gates</h2>",
+
+
+def _sections(report: DriftReport, budget: float, run_href: RunHref | None) -> list[str]:
+    s, status, worst = report.summary, report.status, report.worst_runs
+    notes = "".join(f"<p>{escape(n)}</p>" for n in status.notes)
+    reasons = [[escape(r), str(n)] for r, n in s.not_comparable.items()]
+    env_rows, reader_rows = _env_rows(report), _reader_rows(_readers(status))
+    return [
+        '<h2 id="migration">Migration gates</h2>',
         _table(["phase", "step", "verdict", "figures"], _phase_rows(status), set()),
         f'<div class="notes">{notes}</div>' if notes else "",
         "<h2>Drift rate per day</h2>",
         '<figure id="chart-rate-per-day">',
-        chart_rate_per_day(s["by_day"], budget),
+        chart_rate_per_day(s.by_day, budget),
         "<figcaption>Share of comparable runs with at least one finding, per UTC day; "
         "bars above the dashed budget are red.</figcaption></figure>",
         "<h2>Drift by kind</h2>",
         '<figure id="chart-kinds">',
-        chart_kinds(s["by_kind"]),
-        "<figcaption>Runs with at least one finding of each kind (SPEC §6).</figcaption></figure>",
+        chart_kinds(s.by_kind),
+        "<figcaption>Runs with at least one finding of each kind (docs/FORMAT.md §6)."
+        "</figcaption></figure>",
         "<h2>Worst runs</h2>",
-        _table(["run", "received", "env", "findings", "first findings"], _worst_rows(worst), {3})
+        _table(
+            ["run", "received", "env", "findings", "first findings"],
+            _worst_rows(worst, run_href),
+            {3},
+        )
         if worst
         else "<p>No run has a finding.</p>",
         "<h2>Drift by environment</h2>",
@@ -305,6 +354,20 @@ def render_html(report: dict[str, Any]) -> str:
         if reader_rows
         else "<p>No legacy read recorded.</p>",
     ]
+
+
+def render_html(
+    report: DriftReport, run_href: RunHref | None = None, home_href: str | None = None
+) -> str:
+    """The report as one self-contained HTML page (inline CSS and SVG; no script).
+
+    With `run_href` (served beside the inspector's pages), run ids and finding steps link
+    to the run pages, and `home_href` to the inspector's home; without, it links nowhere.
+    """
+    budget = _budget(report.status)
+    window = report.status.window
+    filters = {k: v for k, v in report.summary.filters.items() if k not in ("since", "until")}
+    filter_text = ", ".join(f"{k}={v}" for k, v in filters.items())
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -312,13 +375,20 @@ def render_html(report: dict[str, Any]) -> str:
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
             "<title>tracestore drift report</title>",
             f"<style>{_CSS}</style></head><body>",
+            (
+                f'<p class="sub"><a href="{escape(home_href)}">tracestore</a>: drift report'
+                f' · <a href="#migration">migration status</a></p>'
+                if home_href is not None
+                else ""
+            ),
             "<h1>Drift report</h1>",
-            f'<p class="sub">Runs received {escape(_when(since))} to {escape(_when(until))}'
+            f'<p class="sub">Runs received {escape(_when(window.since))} to '
+            f"{escape(_when(window.until))}"
             + (f"; filters: {escape(filter_text)}" if filter_text else "")
-            + f". Generated {escape(_when(report['generated_at']))}, comparator version "
-            f"{report['comparator_version']}.</p>",
-            f'<div class="headline" id="headline">{cards}</div>',
-            *sections,
+            + f". Generated {escape(_when(report.generated_at))}, comparator version "
+            f"{report.comparator_version}.</p>",
+            f'<div class="headline" id="headline">{_cards(report, budget)}</div>',
+            *_sections(report, budget, run_href),
             "</body></html>",
         ]
     )
@@ -327,31 +397,31 @@ def render_html(report: dict[str, Any]) -> str:
 # --- terminal -----------------------------------------------------------------------------
 
 
-def render_table(report: dict[str, Any], console: Console) -> None:
+def render_table(report: DriftReport, console: Console) -> None:
     """Print the report's figures as tables on a terminal (or plain text when piped)."""
-    s, status = report["summary"], report["status"]
-    budget = status["phases"][1]["figures"]["budget"]
-    window = status["window"]
+    s, status = report.summary, report.status
+    budget = _budget(status)
+    window = status.window
     console.print(
-        f"[bold]Drift report[/] runs received {_when(window['since'])} to {_when(window['until'])}",
+        f"[bold]Drift report[/] runs received {_when(window.since)} to {_when(window.until)}",
         highlight=False,
     )
     head = Table(show_header=False, box=None)
-    head.add_row("runs", str(s["runs"]))
-    head.add_row("comparable runs", str(s["comparable_runs"]))
-    head.add_row("comparable runs with drift", str(s["comparable_runs_with_drift"]))
-    head.add_row("drift rate", f"{percent(s['drift_rate'])} (budget {percent(budget)})")
-    head.add_row("safe through phase", str(status["safe_through_phase"]))
+    head.add_row("runs", str(s.runs))
+    head.add_row("comparable runs", str(s.comparable_runs))
+    head.add_row("comparable runs with drift", str(s.comparable_runs_with_drift))
+    head.add_row("drift rate", f"{percent(s.drift_rate)} (budget {percent(budget)})")
+    head.add_row("safe through phase", str(status.safe_through_phase))
     console.print(head)
 
     phases = Table(title="migration gates")
     for column in ("phase", "verdict", "figures"):
         phases.add_column(column)
-    for phase in status["phases"]:
+    for phase in status.phases:
         phases.add_row(
-            f"{phase['phase']}: {phase['name']}",
-            VERDICT_TEXT[phase["verdict"]],
-            Text("\n".join(phase["reasons"])),
+            f"{phase.phase}: {phase.name}",
+            VERDICT_TEXT[phase.verdict],
+            Text("\n".join(phase.reasons)),
         )
     console.print(phases)
 
@@ -359,45 +429,45 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     kinds.add_column("kind")
     kinds.add_column("runs", justify="right")
     kinds.add_column("findings", justify="right")
-    for kind, counts in s["by_kind"].items():
-        kinds.add_row(kind, str(counts["runs"]), str(counts["findings"]))
+    for kind, counts in s.by_kind.items():
+        kinds.add_row(kind, str(counts.runs), str(counts.findings))
     console.print(kinds)
 
-    if s["by_day"]:
+    if s.by_day:
         days = Table(title="drift rate per day")
         for column in ("day", "comparable", "with drift", "rate"):
             days.add_column(column, justify="left" if column == "day" else "right")
-        for d in s["by_day"]:
+        for d in s.by_day:
             days.add_row(
-                d["day"],
-                str(d["comparable_runs"]),
-                str(d["runs_with_drift"]),
-                percent(d["drift_rate"]),
+                d.day.isoformat(),
+                str(d.comparable_runs),
+                str(d.runs_with_drift),
+                percent(d.drift_rate),
             )
         console.print(days)
 
-    if report["worst_runs"]:
+    if report.worst_runs:
         worst = Table(title="worst runs")
         for column in ("run", "findings", "first findings"):
             worst.add_column(column)
-        for run in report["worst_runs"]:
+        for run in report.worst_runs:
             # Text, not markup: finding values may hold square brackets.
             worst.add_row(
-                Text(run["run_id"]),
-                str(run["n_findings"]),
+                Text(run.run_id),
+                str(run.n_findings),
                 Text(
                     "\n".join(
-                        f"{f['kind']}"
+                        f"{f.kind}"
                         + (
-                            f" t{f['trajectory_index']}/s{f['step_index']}"
-                            if f["step_index"] is not None
+                            f" t{f.trajectory_index}/s{f.step_index}"
+                            if f.step_index is not None
                             else ""
                         )
-                        + f": {f['expected']} != {f['actual']}"
-                        for f in run["findings"]
+                        + f": {f.expected} != {f.actual}"
+                        for f in run.findings
                     )
                 ),
             )
         console.print(worst)
-    for note in status["notes"]:
+    for note in status.notes:
         console.print(f"note: {note}", highlight=False)

@@ -26,7 +26,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
@@ -143,9 +143,11 @@ def as_date(value: object) -> date:
 
 def has_drift_clause(value: bool, kind: str | None = None) -> ColumnElement[bool]:
     """A where-clause over Run.id: the run has (or has not) a stored finding (of `kind`)."""
-    found = exists().where(DriftFinding.run_pk == Run.id)
+    # An alias: a query that itself selects findings must not correlate this one away.
+    finding = aliased(DriftFinding)
+    found = exists().where(finding.run_pk == Run.id)
     if kind is not None:
-        found = found.where(DriftFinding.kind == kind)
+        found = found.where(finding.kind == kind)
     return found if value else ~found
 
 
