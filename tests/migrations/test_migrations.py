@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from tests.conftest import new_database
+from tests.conftest import LiveServer, hold_back, new_database, previous_revision
+from tracestore.api import create_app
 from tracestore.db import migrate
 from tracestore.db.base import Base
 from tracestore.db.engine import create_engine
 from tracestore.errors import SchemaOutOfDate
+from tracestore.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,13 +51,53 @@ def test_every_revision_up_and_down(fresh: str) -> None:
     engine.dispose()
 
 
-def test_stale_schema_is_refused_with_the_fix(fresh: str) -> None:
+@pytest.mark.parametrize("held_at", ["empty", "previous revision"])
+def test_stale_schema_is_refused_with_the_fix(fresh: str, held_at: str) -> None:
+    current = hold_back(fresh) if held_at == "previous revision" else None
+    head = migrate.head_revision()
     engine = create_engine(fresh)
-    with pytest.raises(SchemaOutOfDate, match="run 'tracestore db upgrade'"):
+    fix = f"code expects {head}: run 'tracestore db upgrade'"
+    shown = current or "no revision (empty)"
+    with pytest.raises(SchemaOutOfDate) as refused:
         migrate.check_schema(engine)
+    assert refused.value.message == f"database is at {shown}, {fix}"
+    assert refused.value.details == {"current": current, "expected": head}
+    if current is not None:
+        # A store that is not new is never migrated behind its owner's back.
+        with pytest.raises(SchemaOutOfDate, match=f"database is at {current},"):
+            migrate.ensure_schema(engine, create_new=True)
+        assert migrate.current_revision(engine) == current
+        # Nor served: the app's startup refuses it with the same message.
+        app = create_app(Settings(database_url=fresh))
+
+        async def start() -> None:
+            async with app.router.lifespan_context(app):
+                pass
+
+        with pytest.raises(SchemaOutOfDate, match=f"database is at {current}, {fix}"):
+            asyncio.run(start())
     migrate.upgrade(engine)
-    assert migrate.check_schema(engine) == migrate.head_revision()
+    assert migrate.check_schema(engine) == head
+    if current is not None:
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT run_id FROM runs")).scalars().all()
+        assert stored == ["stored-before"]  # the upgrade kept what was there
     engine.dispose()
+
+
+def test_health_is_503_when_the_schema_goes_stale_under_a_running_server(fresh: str) -> None:
+    engine = create_engine(fresh)
+    migrate.upgrade(engine)
+    with LiveServer(Settings(database_url=fresh)) as live:
+        assert httpx.get(f"{live.url}/health").status_code == 200
+        migrate.downgrade(engine, previous_revision())
+        health = httpx.get(f"{live.url}/health")
+    engine.dispose()
+    assert health.status_code == 503, health.text
+    body = health.json()
+    assert (body["healthy"], body["schema_revision"]) == (False, previous_revision())
+    assert body["error"]["code"] == "schema_out_of_date"
+    assert "run 'tracestore db upgrade'" in body["error"]["message"]
 
 
 def test_new_sqlite_file_is_created_and_migrated(tmp_path: Path) -> None:
@@ -129,7 +174,6 @@ def test_db_verbs_work_from_an_installed_wheel(tmp_path: Path) -> None:
 def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
     """0004 computes runs.env_id / policy_id / n_trace_steps in SQL for runs already
     stored; they equal what ingest computes for new ones (examples and hand-made runs)."""
-    import orjson
     from sqlalchemy import select
 
     from tests.conftest import load_examples, minimal_rollout
@@ -152,7 +196,9 @@ def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
     ingest_many(engine, [orjson.dumps(doc) for doc in hand_made])
     columns = select(Run.run_id, Run.env_id, Run.policy_id, Run.n_trace_steps).order_by(Run.id)
     with engine.connect() as conn:
-        at_ingest = [tuple(r) for r in conn.execute(columns)]
+        at_ingest = [
+            (r.run_id, r.env_id, r.policy_id, r.n_trace_steps) for r in conn.execute(columns)
+        ]
     assert any(steps > 0 for *_, steps in at_ingest)
     assert ("meta-0", "e", None, 0) in at_ingest
     migrate.downgrade(engine, "0003")  # the columns go: a store from before them

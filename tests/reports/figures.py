@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -106,7 +106,7 @@ def step_source(doc: Mapping[str, Any]) -> str:
 
 def _env_events(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     trace = doc.get("trace")
-    if classify_trace(trace) not in ("full", "wrapped"):
+    if trace is None or classify_trace(trace) not in ("full", "wrapped"):
         return []
     return list(view_trace(trace).environment_events())
 
@@ -435,7 +435,9 @@ def migration(
     return out
 
 
-COMPUTE = {
+# name -> (its figures from the runs, the columns that key a row); migration's function
+# also takes the legacy reads, so the signature is left open.
+COMPUTE: dict[str, tuple[Callable[..., dict[tuple[Any, ...], dict[str, Any]]], tuple[str, ...]]] = {
     "returns": (returns, ("day", "env_id", "policy_id")),
     "rewards": (rewards, ("env_id",)),
     "tools": (tools, ("env_id", "tool_name")),

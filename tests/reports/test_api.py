@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 
 import httpx
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 import pytest
 
 from tests.conftest import Example, LiveServer

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 import pytest
 
 from tests.reports.conftest import Store

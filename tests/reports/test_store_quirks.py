@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import orjson
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 import pytest
 from typer.testing import CliRunner
 

@@ -2,6 +2,7 @@
 
 import tracestore.models.drift  # noqa: F401  (registers the drift tables; import them from there)
 from tracestore.models.runs import Run, RunDocument
+from tracestore.models.store import StoreIdentity
 from tracestore.models.traces import Trace, TraceEvent, TraceMessage, TraceTimeStep
 from tracestore.models.trajectories import Step, Trajectory
 
@@ -9,6 +10,7 @@ __all__ = [
     "Run",
     "RunDocument",
     "Step",
+    "StoreIdentity",
     "Trace",
     "TraceEvent",
     "TraceMessage",

@@ -51,12 +51,21 @@ class Run(Base):
     # Environment events of the run-level full or wrapped trace: the decision steps of a
     # run without trajectory steps (n_steps counts trajectory steps only).
     n_trace_steps: Mapped[int] = mapped_column(server_default="0")
+    # Where the run falls in commit order, for incremental exports (issue 15; how an
+    # export cuts on it: tracestore/reports/watermark.py, docs/SCALING.md). On SQLite a
+    # counter that write_many assigns under the single write lock, so values commit in
+    # order. On PostgreSQL the writing transaction's id (the column's default, set by
+    # migration 0005: pg_current_xact_id()); ids are not commit-ordered, so the export
+    # cuts below the oldest transaction still open instead. NULL only on SQLite, for a
+    # row some other writer left without one; the export sequences those first.
+    ingest_seq: Mapped[int | None]
 
     __table_args__ = (
         Index("ix_runs_correlation_id", "correlation_id"),
         Index("ix_runs_received_at", "received_at"),
         Index("ix_runs_env_id", "env_id"),
         Index("ix_runs_policy_id", "policy_id"),
+        Index("ix_runs_ingest_seq", "ingest_seq"),
     )
 
 

@@ -44,7 +44,9 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from tracestore.db.types import JSONValue, UTCDateTime
 from tracestore.errors import InvalidRequest, TracestoreError
+from tracestore.reports import lake
 from tracestore.reports.catalog import views_sql
+from tracestore.reports.lake import EPOCH_SUFFIX
 from tracestore.reports.snapshot import Manifest, SnapshotTable, read_manifest
 
 # Tables analytics never expose: the zstd raw documents (GET /v1/rollouts/{run_id} serves
@@ -54,6 +56,8 @@ EXCLUDED_TABLES = frozenset({"run_documents"})
 EXTENSIONS = {
     "sqlite": ("duckdb_extension_sqlite_scanner", "sqlite_scanner", "sqlite"),
     "postgresql": ("duckdb_extension_postgres_scanner", "postgres_scanner", "postgres"),
+    # Not a backend: Delta Lake tables written by `tracestore export --format delta`.
+    "delta": ("duckdb_extension_delta", "delta", "delta"),
 }
 _ARROW_BATCH_ROWS = 50_000
 T = TypeVar("T")
@@ -291,7 +295,12 @@ def _base_view(
     for column in table.columns:
         target = duck_type(column)
         name = quote_ident(column.name)
-        if column.name in have:
+        epoch = column.name + EPOCH_SUFFIX
+        if epoch in have:
+            # An export turned this float of epoch seconds into a timestamp and kept the
+            # float beside it: read the float, as the store holds it.
+            exprs.append(f"{_cast(quote_ident(epoch), target, backend)} AS {name}")
+        elif column.name in have:
             exprs.append(f"{_cast(name, target, backend)} AS {name}")
         else:
             # A column the source lacks (an older snapshot): NULL of the right type.
@@ -556,15 +565,29 @@ def _snapshot_relation(manifest: Manifest, entry: SnapshotTable) -> str:
         return f"(SELECT {columns} WHERE false)"
     files = ", ".join(sql_literal(str(manifest.root / f)) for f in entry.files)
     hive = "true" if entry.partitioned else "false"
-    return f"read_parquet([{files}], hive_partitioning = {hive})"
+    # By name: batches of an incremental snapshot written by different versions may
+    # differ in their columns.
+    return f"read_parquet([{files}], hive_partitioning = {hive}, union_by_name = true)"
 
 
-def open_snapshot(root: Path) -> Analytics:
-    """DuckDB over a Parquet snapshot written by `tracestore export`."""
+def open_snapshot(
+    root: Path, *, store: str | None = None, extension_dir: Path | None = None
+) -> Analytics:
+    """DuckDB over what `tracestore export` wrote: a Parquet snapshot or a Delta lake.
+
+    `store` picks one store of a lake that holds several (a snapshot holds one);
+    `extension_dir` overrides where the delta extension file is looked for.
+    """
     root = root.expanduser().resolve()
-    manifest = read_manifest(root)
+    kind = lake.detect(root)
     con = new_connection()
     try:
+        if kind == "delta":
+            return _delta(con, root, store, extension_dir)
+        manifest = read_manifest(root)
+        held = manifest.data.get("store_id")
+        if store is not None and held != store:
+            raise InvalidRequest(f"{root} holds store {held}'s snapshot, not store {store}'s")
         return _snapshot(con, root, manifest)
     except BaseException:
         con.close()
@@ -587,4 +610,76 @@ def _snapshot(con: duckdb.DuckDBPyConnection, root: Path, manifest: Manifest) ->
     _sandbox(con, [root])
     return Analytics(
         con=con, source="snapshot", tables=frozenset(present), missing=missing, manifest=manifest
+    )
+
+
+# --- Delta lake -----------------------------------------------------------------------------
+
+
+def _lake_store(root: Path, stores: list[str], store: str | None) -> str | None:
+    """The store whose rows to read (None: all rows, the lake holds one store)."""
+    if store is not None:
+        if store not in stores:
+            raise InvalidRequest(
+                f"the lake at {root} holds no store {store!r}; it holds: {', '.join(stores)}"
+            )
+        return store
+    if len(stores) > 1:
+        # Keys (run_pk, trace_pk, ...) are per store: joining two stores' rows would pair
+        # rows of different runs.
+        raise InvalidRequest(
+            f"the lake at {root} holds {len(stores)} stores ({', '.join(stores)}): "
+            "choose one with --store"
+        )
+    return None
+
+
+def _delta_from_package(con: duckdb.DuckDBPyConnection, path: Path, store: str | None) -> str:
+    """Copy one Delta table into DuckDB through the deltalake package (the fallback)."""
+    from deltalake import DeltaTable
+
+    filters = [("store_id", "=", store)] if store is not None else None
+    data = DeltaTable(str(path)).to_pyarrow_table(filters=filters)
+    name = f"_lake_{path.name}"
+    staged = f"_staged_{path.name}"
+    con.register(staged, data)
+    try:
+        con.execute(f"CREATE OR REPLACE TABLE main.{quote_ident(name)} AS FROM {staged}")
+    finally:
+        con.unregister(staged)
+    return f"main.{quote_ident(name)}"
+
+
+def _delta(
+    con: duckdb.DuckDBPyConnection, root: Path, store: str | None, extension_dir: Path | None
+) -> Analytics:
+    models = model_tables()
+    chosen = _lake_store(root, lake.stores_in(root), store)
+    notices: list[str] = []
+    via_extension = True
+    try:
+        load_extension(con, "delta", extension_dir)
+    except ExtensionUnavailable as exc:
+        via_extension = False
+        notices.append(
+            f"cannot load DuckDB's delta extension ({exc}); "
+            "reading the lake through the deltalake package instead (slower)"
+        )
+    present: set[str] = set()
+    for name, table in models.items():
+        path = root / name
+        if not lake.is_delta_table(path):
+            continue
+        if via_extension:
+            scan = f"delta_scan({sql_literal(str(path))})"
+            where = f" WHERE store_id = {sql_literal(chosen)}" if chosen is not None else ""
+        else:
+            scan, where = _delta_from_package(con, path, chosen), ""
+        columns = [str(r[0]) for r in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()]
+        _base_view(con, table, f"(SELECT * FROM {scan}{where})", columns, "snapshot")
+        present.add(name)
+    missing = _finish(con, models, present)
+    _sandbox(con, [root])
+    return Analytics(
+        con=con, source="lake", tables=frozenset(present), missing=missing, notices=notices
     )

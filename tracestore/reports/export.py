@@ -1,33 +1,48 @@
-"""`tracestore export DIR`: the store's tables as Parquet, Hive-partitioned by day.
+"""`tracestore export DIR`: the store's tables as Parquet or Delta Lake, partitioned by day.
 
 Every table is written from the normalized views (so a PostgreSQL store and a SQLite one
 export the same types), partitioned by the UTC day its run was received: a run's
 trajectories, steps, traces, events, messages and drift rows all sit under that run's
 `day=YYYY-MM-DD`. Tables not tied to a run (legacy_reads) are partitioned by their own
-`day` column, and never filtered by `--since`.
+`day` column, never filtered, and replaced whole by every export.
 
-The set of runs is fixed first (received in the window, in the store when the export
-started), so a store that keeps ingesting cannot give a snapshot whose children point at
-runs it lacks. The snapshot is written into a hidden sibling directory and renamed into
-place when complete, with its manifest written last.
+Which runs an export carries is fixed first, by a commit-ordered cut on `ingest_seq`
+(reports/watermark.py): the runs with `after <= ingest_seq < upto`, intersected with
+`--since`/`--until` when given. `upto` is recorded in the target (the Parquet manifest,
+or the lake's per-store state), and `--incremental` starts where the last export ended,
+so a nightly job takes every run exactly once however ingest and the job interleave.
+
+Every row carries the store's id and its run's run_id and ingest_seq (lake.py). Float
+epoch seconds (trace_events.event_time, trace_messages.event_time and message_time)
+become timestamps, the float kept beside as `<name>_epoch`.
+
+The batch is first written as Parquet by DuckDB into a hidden sibling directory; then a
+new snapshot is that directory renamed into place (manifest last), an incremental
+Parquet export moves its files in and rewrites the manifest, and a Delta export commits
+them table by table (lake.write_delta).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from datetime import time as clock
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import orjson
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 from tracestore import __version__
 from tracestore.errors import InvalidRequest
+from tracestore.reports import lake
 from tracestore.reports.connection import (
     EXCLUDED_TABLES,
     Analytics,
@@ -37,9 +52,32 @@ from tracestore.reports.connection import (
     sql_literal,
 )
 from tracestore.reports.filters import Filters
-from tracestore.reports.snapshot import FORMAT, FORMAT_VERSION, MANIFEST, sha256_file
+from tracestore.reports.snapshot import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    read_manifest,
+    sha256_file,
+)
+from tracestore.reports.watermark import Cut
 
 PARTITION = "day"
+# Seconds of 0001-01-01 and 9999-12-31T23:59:59 UTC: outside, a float is no timestamp.
+_EPOCH_MIN, _EPOCH_MAX = -62135596800.0, 253402300799.0
+# Columns every exported row gets (runs has its own run_id and ingest_seq).
+RUN_COLUMNS = ("run_id", "ingest_seq")
+STORE_COLUMN = "store_id"
+# Tables exported whole each time, not by run.
+WHOLE_TABLES = frozenset({"legacy_reads"})
+# Store tables an export leaves out besides EXCLUDED_TABLES: the store's id is on every row.
+NOT_EXPORTED = frozenset({"store_identity"})
+
+
+class LakeFormat(StrEnum):
+    """What `tracestore export` writes."""
+
+    parquet = "parquet"
+    delta = "delta"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,31 +85,140 @@ class ExportSummary:
     """What an export wrote."""
 
     path: Path
+    format: str
+    # Parquet: the snapshot's manifest; Delta: the store's state in the lake.
     manifest: dict[str, Any]
+    written: dict[str, int]  # rows this export wrote, per table
+    runs: int  # runs this export carried
+    after: int | None
+    upto: int
+    files: int
     seconds: float
+    notices: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> dict[str, int]:
-        """Rows per table."""
-        return {name: t["rows"] for name, t in self.manifest["tables"].items()}
+        """Rows this export wrote, per table."""
+        return dict(self.written)
 
 
-def _check_target(out: Path) -> None:
+@dataclass(slots=True)
+class _Staged:
+    """One table's batch, written as Parquet in the staging directory."""
+
+    rows: int
+    partitioned: bool
+    columns: list[dict[str, str]]
+    files: list[Path]
+
+
+def _check_empty_target(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidRequest(
-            f"{out} exists and is not an empty directory: export into a new or empty one"
+            f"{out} exists and is not an empty directory: export into a new or empty one "
+            "(or add to it with --incremental)"
         )
 
 
-def _select(name: str, columns: list[str]) -> tuple[str, bool]:
-    """The SELECT that exports table `name` with its partition column, and if it has one."""
-    cols = ", ".join(f"t.{quote_ident(c)}" for c in columns)
+@contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_file`: one export at a time writes a target."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidRequest(
+                f"another export is writing {lock_file.parent}: wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def export_snapshot(
+    engine: Engine,
+    out: Path,
+    filters: Filters,
+    cut: Cut,
+    *,
+    fmt: str = LakeFormat.parquet,
+    incremental: bool = False,
+    extension_dir: Path | None = None,
+    schema_revision: str | None = None,
+) -> ExportSummary:
+    """Export the runs `cut` and `filters` select to `out` as Parquet or Delta Lake.
+
+    Parquet: a new snapshot in a new or empty directory, or with `incremental` the next
+    batch of an existing one. Delta: into a lake directory, replacing the rows of the
+    runs it carries. `cut` is taken beforehand by the process that writes the store
+    (reports.watermark.take_cut).
+    """
+    if filters.env is not None:
+        raise InvalidRequest("export takes --since and --until, not --env")
+    if incremental and (filters.since is not None or filters.until is not None):
+        raise InvalidRequest(
+            "--incremental takes no --since/--until: it exports every run past the last export"
+        )
+    fmt = LakeFormat(fmt)
+    started = time.monotonic()
+    out = out.expanduser().resolve()
+    if fmt is LakeFormat.delta:
+        summary = _export_delta(engine, out, filters, cut, incremental, extension_dir)
+    elif incremental and out.is_dir() and any(out.iterdir()):
+        with _exclusive(out / ".tracestore-export.lock"):
+            summary = _export_parquet_more(engine, out, cut, extension_dir, schema_revision)
+    else:
+        # A first incremental export is a new snapshot (that --incremental can continue).
+        summary = _export_parquet_new(engine, out, filters, cut, extension_dir, schema_revision)
+    return ExportSummary(
+        path=summary.path,
+        format=summary.format,
+        manifest=summary.manifest,
+        written=summary.written,
+        runs=summary.runs,
+        after=summary.after,
+        upto=summary.upto,
+        files=summary.files,
+        seconds=time.monotonic() - started,
+        notices=[*cut.notices, *summary.notices],
+    )
+
+
+# --- staging: the batch as Parquet, written by DuckDB ---------------------------------------
+
+
+def _staging_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _select(name: str, columns: list[str], store_id: str) -> tuple[str, bool]:
+    """The SELECT that exports table `name` with its added columns, and if it has a day."""
+    exprs = []
+    for c in columns:
+        col = f"t.{quote_ident(c)}"
+        if c in lake.EPOCH_COLUMNS.get(name, ()):
+            exprs.append(
+                f"CASE WHEN {col} BETWEEN {_EPOCH_MIN} AND {_EPOCH_MAX} THEN to_timestamp({col}) "
+                f"END AS {quote_ident(c)}"
+            )
+            exprs.append(f"{col} AS {quote_ident(c + lake.EPOCH_SUFFIX)}")
+        else:
+            exprs.append(col)
+    store = f"{sql_literal(store_id)} AS {STORE_COLUMN}"
     table = quote_ident(name)
     if name == "runs":
+        cols = ", ".join([*exprs, store])
         return (
             f"SELECT {cols}, x.day FROM runs AS t JOIN _export_runs AS x ON x.run_pk = t.id",
             True,
         )
+    cols = ", ".join([*exprs, "x.run_id", "x.ingest_seq", store])
     if "run_pk" in columns:
         return (
             f"SELECT {cols}, x.day FROM {table} AS t JOIN _export_runs AS x ON x.run_pk = t.run_pk",
@@ -84,147 +231,100 @@ def _select(name: str, columns: list[str]) -> tuple[str, bool]:
             "JOIN _export_runs AS x ON x.run_pk = tr.run_pk",
             True,
         )
-    if PARTITION in columns:
-        return f"SELECT {cols} FROM {table} AS t", True
-    return f"SELECT {cols} FROM {table} AS t", False
+    cols = ", ".join([*exprs, store])
+    return f"SELECT {cols} FROM {table} AS t", PARTITION in columns
 
 
-def _describe(analytics: Analytics, name: str) -> list[tuple[str, str]]:
+def _table_columns(analytics: Analytics, name: str) -> list[str]:
     rows = analytics.con.execute(f"DESCRIBE main.{quote_ident(name)}").fetchall()
-    return [(str(r[0]), str(r[1])) for r in rows]
+    return [str(r[0]) for r in rows]
 
 
-def _write_table(
-    analytics: Analytics, tmp: Path, name: str, columns: list[tuple[str, str]]
-) -> dict[str, Any]:
-    select, partitioned = _select(name, [c for c, _ in columns])
-    target = tmp / name
-    # Ordered by key: the same store exports the same bytes, so checksums compare.
-    ordered = f"{select} ORDER BY t.{quote_ident(columns[0][0])}"
+def _stage_table(
+    analytics: Analytics, staging: Path, name: str, store_id: str, stem: str
+) -> _Staged:
+    columns = _table_columns(analytics, name)
+    select, partitioned = _select(name, columns, store_id)
+    described = analytics.con.execute(f"DESCRIBE ({select})").fetchall()
+    target = staging / name
+    # Ordered by key: the same batch exports the same bytes, so checksums compare.
+    ordered = f"{select} ORDER BY t.{quote_ident(columns[0])}"
+    pattern = sql_literal(stem + "_{i}")
     if partitioned:
-        options = f"FORMAT parquet, COMPRESSION zstd, PARTITION_BY ({PARTITION})"
+        options = (
+            f"FORMAT parquet, COMPRESSION zstd, PARTITION_BY ({PARTITION}), "
+            f"FILENAME_PATTERN {pattern}"
+        )
         analytics.con.execute(f"COPY ({ordered}) TO {sql_literal(str(target))} ({options})")
-    files = sorted(p for p in target.rglob("*.parquet")) if target.exists() else []
+    files = sorted(target.rglob("*.parquet")) if target.exists() else []
     if not files:
-        # An empty table (or an unpartitioned one) still gets a file, so Spark and Trino
-        # can read its schema.
+        # An empty table still gets a file, so Spark and Trino can read its schema.
         target.mkdir(parents=True, exist_ok=True)
-        path = target / "data_0.parquet"
+        path = target / f"{stem}_0.parquet"
         analytics.con.execute(
             f"COPY ({ordered}) TO {sql_literal(str(path))} (FORMAT parquet, COMPRESSION zstd)"
         )
         files = [path]
         partitioned = False
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type stubs
-
-    entries = []
-    for path in files:
-        entries.append(
-            {
-                "path": path.relative_to(tmp).as_posix(),
-                "rows": pq.read_metadata(path).num_rows,
-                "bytes": path.stat().st_size,
-                "sha256": sha256_file(path),
-            }
-        )
-    all_columns = [{"name": c, "type": t} for c, t in columns]
-    if partitioned and PARTITION not in {c for c, _ in columns}:
-        all_columns.append({"name": PARTITION, "type": "DATE"})
-    return {
-        "rows": sum(e["rows"] for e in entries),
-        "partitioned": partitioned,
-        "columns": all_columns,
-        "files": entries,
-    }
-
-
-def export_snapshot(
-    engine: Engine,
-    out: Path,
-    filters: Filters,
-    *,
-    extension_dir: Path | None = None,
-    schema_revision: str | None = None,
-) -> ExportSummary:
-    """Write a Parquet snapshot of the store to `out` (a new or empty directory)."""
-    if filters.env is not None:
-        raise InvalidRequest("export takes --since and --until, not --env")
-    started = time.monotonic()
-    out = out.expanduser().resolve()
-    _check_target(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        with open_live(engine, extension_dir=extension_dir, writable_dir=tmp) as analytics:
-            manifest = _export(analytics, tmp, filters)
-        manifest["schema_revision"] = schema_revision
-        manifest["source"] = {
-            "backend": engine.dialect.name,
-            "database": make_url(engine.url).render_as_string(hide_password=True),
-            "notices": analytics.notices,
-        }
-        (tmp / MANIFEST).write_bytes(
-            orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
-        )
-        _check_target(out)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportSummary(out, manifest, time.monotonic() - started)
-
-
-def _export(analytics: Analytics, tmp: Path, filters: Filters) -> dict[str, Any]:
-    con = analytics.con
-    con.execute(
-        "CREATE TEMP TABLE _export_runs AS "
-        "SELECT id AS run_pk, received_at, CAST(timezone('UTC', received_at) AS DATE) AS day "
-        "FROM runs WHERE ($since IS NULL OR received_at >= $since) "
-        "AND ($until IS NULL OR received_at < $until)",
-        {"since": filters.since, "until": filters.until},
+    rows = sum(_parquet_rows(p) for p in files)
+    return _Staged(
+        rows=rows,
+        partitioned=partitioned,
+        columns=[{"name": str(c[0]), "type": str(c[1])} for c in described],
+        files=files,
     )
-    span = con.execute(
-        "SELECT count(*), CAST(min(received_at) AS VARCHAR), CAST(max(received_at) AS VARCHAR) "
-        "FROM _export_runs"
-    ).fetchone()
-    assert span is not None
-    tables: dict[str, Any] = {}
-    for name in model_tables():
-        if name not in analytics.tables or name in EXCLUDED_TABLES:
-            continue
 
-        def write(name: str = name) -> dict[str, Any]:
-            # A retry starts over: a failed COPY may have left some partitions behind.
-            shutil.rmtree(tmp / name, ignore_errors=True)
-            return _write_table(analytics, tmp, name, _describe(analytics, name))
 
-        # On SQLite a JSON column holding a bare number trips the scanner mid-COPY: the
-        # table is then read through SQLAlchemy and written again (as `report` does).
-        tables[name] = analytics.retrying(write)
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "tracestore_version": __version__,
-        "created_at": datetime.now(UTC).isoformat(),
-        "since": filters.since.isoformat() if filters.since else None,
-        "until": filters.until.isoformat() if filters.until else None,
-        "time_range": {
-            "runs": span[0],
-            "first_received_at": _iso(span[1]),
-            "last_received_at": _iso(span[2]),
-        },
-        "partitioning": {
-            "column": PARTITION,
-            "type": "DATE",
-            "meaning": "UTC date the run was received; rows of a run share its day",
-        },
-        "excluded_tables": sorted(EXCLUDED_TABLES),
-        "tables": tables,
-    }
+@dataclass(slots=True)
+class _Batch:
+    """The staged batch: its runs and, per table, its files."""
+
+    runs: int
+    first_received: str | None
+    last_received: str | None
+    tables: dict[str, _Staged]
+
+
+def _stage(
+    engine: Engine,
+    staging: Path,
+    filters: Filters,
+    cut: Cut,
+    after: int | None,
+    extension_dir: Path | None,
+) -> tuple[_Batch, list[str]]:
+    with open_live(engine, extension_dir=extension_dir, writable_dir=staging) as analytics:
+        con = analytics.con
+        con.execute(
+            "CREATE TEMP TABLE _export_runs AS "
+            "SELECT id AS run_pk, run_id, ingest_seq, received_at, "
+            "CAST(timezone('UTC', received_at) AS DATE) AS day "
+            "FROM runs WHERE ingest_seq < $upto AND ($after IS NULL OR ingest_seq >= $after) "
+            "AND ($since IS NULL OR received_at >= $since) "
+            "AND ($until IS NULL OR received_at < $until)",
+            {"upto": cut.upto, "after": after, "since": filters.since, "until": filters.until},
+        )
+        span = con.execute(
+            "SELECT count(*), CAST(min(received_at) AS VARCHAR), "
+            "CAST(max(received_at) AS VARCHAR) FROM _export_runs"
+        ).fetchone()
+        assert span is not None
+        tables: dict[str, _Staged] = {}
+        for name in model_tables():
+            if name not in analytics.tables or name in EXCLUDED_TABLES | NOT_EXPORTED:
+                continue
+
+            def write(name: str = name) -> _Staged:
+                # A retry starts over: a failed COPY may have left some partitions behind.
+                shutil.rmtree(staging / name, ignore_errors=True)
+                stem = lake.file_stem(cut.store_id, after, cut.upto, name)
+                return _stage_table(analytics, staging, name, cut.store_id, stem)
+
+            # On SQLite a JSON column holding a bare number trips the scanner mid-COPY:
+            # the table is then read through SQLAlchemy and written again.
+            tables[name] = analytics.retrying(write)
+        notices = list(analytics.notices)
+    return _Batch(int(span[0]), _iso(span[1]), _iso(span[2]), tables), notices
 
 
 def _iso(text: str | None) -> str | None:
@@ -232,3 +332,339 @@ def _iso(text: str | None) -> str | None:
     if text is None:
         return None
     return datetime.fromisoformat(text).astimezone(UTC).isoformat()
+
+
+# --- Parquet --------------------------------------------------------------------------------
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type stubs
+
+    return int(pq.read_metadata(path).num_rows)
+
+
+def _file_entries(root: Path, files: list[Path]) -> list[dict[str, Any]]:
+    return [
+        {
+            "path": p.relative_to(root).as_posix(),
+            "rows": _parquet_rows(p),
+            "bytes": p.stat().st_size,
+            "sha256": sha256_file(p),
+        }
+        for p in files
+    ]
+
+
+def _source(engine: Engine, notices: list[str]) -> dict[str, Any]:
+    return {
+        "backend": engine.dialect.name,
+        "database": make_url(engine.url).render_as_string(hide_password=True),
+        "notices": notices,
+    }
+
+
+def _batch_entry(batch: _Batch, cut: Cut, after: int | None) -> dict[str, Any]:
+    return {
+        "after": after,
+        "upto": cut.upto,
+        "runs": batch.runs,
+        "first_received_at": batch.first_received,
+        "last_received_at": batch.last_received,
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+
+
+def _export_parquet_new(
+    engine: Engine,
+    out: Path,
+    filters: Filters,
+    cut: Cut,
+    extension_dir: Path | None,
+    schema_revision: str | None,
+) -> ExportSummary:
+    _check_empty_target(out)
+    staging = _staging_dir(out)
+    try:
+        batch, notices = _stage(engine, staging, filters, cut, None, extension_dir)
+        tables = {
+            name: {
+                "rows": staged.rows,
+                "partitioned": staged.partitioned,
+                "columns": staged.columns,
+                "files": _file_entries(staging, staged.files),
+            }
+            for name, staged in batch.tables.items()
+        }
+        complete = filters.since is None and filters.until is None
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "tracestore_version": __version__,
+            "created_at": datetime.now(UTC).isoformat(),
+            "since": filters.since.isoformat() if filters.since else None,
+            "until": filters.until.isoformat() if filters.until else None,
+            "time_range": {
+                "runs": batch.runs,
+                "first_received_at": batch.first_received,
+                "last_received_at": batch.last_received,
+            },
+            "store_id": cut.store_id,
+            # `complete`: every run of the store below `upto` is here (no time window),
+            # so --incremental may continue from it.
+            "watermark": {"kind": cut.kind, "upto": cut.upto, "complete": complete},
+            "batches": [_batch_entry(batch, cut, None)],
+            "partitioning": {
+                "column": PARTITION,
+                "type": "DATE",
+                "meaning": "UTC date the run was received; rows of a run share its day",
+            },
+            "excluded_tables": sorted(EXCLUDED_TABLES),
+            "tables": tables,
+            "schema_revision": schema_revision,
+            "source": _source(engine, notices),
+        }
+        lake.write_json(staging / MANIFEST, manifest)
+        _check_empty_target(out)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ExportSummary(
+        path=out,
+        format=LakeFormat.parquet,
+        manifest=manifest,
+        written={n: t.rows for n, t in batch.tables.items()},
+        runs=batch.runs,
+        after=None,
+        upto=cut.upto,
+        files=sum(len(t.files) for t in batch.tables.values()),
+        seconds=0.0,
+        notices=notices,
+    )
+
+
+def _continuable(out: Path, cut: Cut) -> dict[str, Any]:
+    """The manifest of the snapshot at `out`, checked to be this store's and complete."""
+    data = read_manifest(out).data
+    if data.get("store_id") != cut.store_id:
+        other = data.get("store_id")
+        raise InvalidRequest(
+            f"{out} holds "
+            + (f"store {other}'s snapshot" if other else "a snapshot from an older tracestore")
+            + f", not this store's ({cut.store_id}): export into another directory"
+        )
+    mark = data.get("watermark") or {}
+    if mark.get("kind") != cut.kind:
+        raise InvalidRequest(
+            f"{out} was exported from a {mark.get('kind')} sequence, this store has a "
+            f"{cut.kind} one (moved to another database?): start a new snapshot"
+        )
+    if not mark.get("complete"):
+        raise InvalidRequest(
+            f"{out} was exported with --since/--until, so it lacks runs outside that window: "
+            "an incremental export needs a complete snapshot to continue; start a new one"
+        )
+    return data
+
+
+def _leftovers(out: Path, data: dict[str, Any]) -> list[Path]:
+    """Files a died export moved in without listing them in the manifest."""
+    listed = {f["path"] for t in data["tables"].values() for f in t["files"]}
+    found = []
+    for name in data["tables"]:
+        folder = out / name
+        if folder.is_dir():
+            found += [
+                p
+                for p in folder.rglob("*.parquet")
+                if lake.is_our_file(p.name) and p.relative_to(out).as_posix() not in listed
+            ]
+    return found
+
+
+def _export_parquet_more(
+    engine: Engine,
+    out: Path,
+    cut: Cut,
+    extension_dir: Path | None,
+    schema_revision: str | None,
+) -> ExportSummary:
+    data = _continuable(out, cut)
+    for path in _leftovers(out, data):
+        path.unlink()
+    after = int(data["watermark"]["upto"])
+    if cut.upto < after:
+        raise InvalidRequest(
+            f"{out} already holds runs up to sequence {after}, past this store's {cut.upto}"
+        )
+    staging = _staging_dir(out)
+    retired: list[Path] = []
+    try:
+        batch, notices = _stage(engine, staging, Filters(), cut, after, extension_dir)
+        moved = 0
+        for name, staged in batch.tables.items():
+            entry = data["tables"].get(name)
+            placeholder = entry is not None and not entry["partitioned"] and entry["rows"] == 0
+            if name in WHOLE_TABLES or entry is None or (placeholder and staged.rows):
+                # Replaced: legacy_reads (whole each time), a new table, or a table whose
+                # empty placeholder file gives way to real partitions.
+                if entry is not None:
+                    retired += [out / f["path"] for f in entry["files"]]
+                entry = data["tables"][name] = {
+                    "rows": 0,
+                    "partitioned": staged.partitioned,
+                    "files": [],
+                }
+            elif staged.rows == 0:
+                continue  # nothing new, and the table already has its files
+            entry["columns"] = staged.columns
+            for path in staged.files:
+                final = out / path.relative_to(staging)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, final)
+                entry["files"] += _file_entries(out, [final])
+                moved += 1
+            entry["rows"] = sum(f["rows"] for f in entry["files"])
+            entry["partitioned"] = entry["partitioned"] or staged.partitioned
+        span = data["time_range"]
+        span["runs"] += batch.runs
+        if batch.runs:
+            span["first_received_at"] = min(
+                filter(None, [span.get("first_received_at"), batch.first_received])
+            )
+            span["last_received_at"] = max(
+                filter(None, [span.get("last_received_at"), batch.last_received])
+            )
+        data["watermark"]["upto"] = cut.upto
+        data["batches"] = [*data.get("batches", []), _batch_entry(batch, cut, after)]
+        data["updated_at"] = datetime.now(UTC).isoformat()
+        data["schema_revision"] = schema_revision
+        data["tracestore_version"] = __version__
+        data["source"] = _source(engine, notices)
+        # The commit point: from here the manifest lists the new files, not the old.
+        lake.write_json(out / MANIFEST, data)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for path in retired:
+        path.unlink(missing_ok=True)
+    return ExportSummary(
+        path=out,
+        format=LakeFormat.parquet,
+        manifest=data,
+        written={n: t.rows for n, t in batch.tables.items()},
+        runs=batch.runs,
+        after=after,
+        upto=cut.upto,
+        files=moved,
+        seconds=0.0,
+        notices=notices,
+    )
+
+
+# --- Delta Lake -----------------------------------------------------------------------------
+
+
+def _day_bounds(filters: Filters) -> list[str]:
+    """Predicate terms for a window of whole days (a Delta export replaces whole days)."""
+    terms = []
+    for bound, op in ((filters.since, ">="), (filters.until, "<")):
+        if bound is None:
+            continue
+        utc = bound.astimezone(UTC)
+        if utc.timetz() != clock(0, tzinfo=UTC):
+            raise InvalidRequest(
+                "a Delta export replaces whole days: give --since/--until as dates "
+                f"(YYYY-MM-DD), not {bound.isoformat()}"
+            )
+        terms.append(f"day {op} '{utc.date().isoformat()}'")
+    return terms
+
+
+def _export_delta(
+    engine: Engine,
+    out: Path,
+    filters: Filters,
+    cut: Cut,
+    incremental: bool,
+    extension_dir: Path | None,
+) -> ExportSummary:
+    if (out / MANIFEST).exists():
+        raise InvalidRequest(
+            f"{out} is a Parquet snapshot: a Delta lake goes into a directory of its own"
+        )
+    if out.exists() and any(out.iterdir()) and lake.detect_or_none(out) != "delta":
+        raise InvalidRequest(f"{out} is not empty and holds no tracestore lake: use another one")
+    out.mkdir(parents=True, exist_ok=True)
+    window = _day_bounds(filters)
+    with _exclusive(lake.state_path(out, cut.store_id).with_suffix(".lock")):
+        state = lake.read_state(out, cut.store_id)
+        if state.kind is not None and state.kind != cut.kind:
+            raise InvalidRequest(
+                f"the lake's exports of store {cut.store_id} came from a {state.kind} sequence, "
+                f"this store has a {cut.kind} one (moved to another database?): "
+                "export it into a new lake"
+            )
+        after = state.upto if incremental else None
+        if after is not None and cut.upto < after:
+            raise InvalidRequest(
+                f"the lake holds store {cut.store_id} up to sequence {after}, past its {cut.upto}"
+            )
+        staging = _staging_dir(out)
+        try:
+            batch, notices = _stage(engine, staging, filters, cut, after, extension_dir)
+            store = f"{STORE_COLUMN} = {lake.sql_string(cut.store_id)}"
+            if window:
+                by_run = " AND ".join([store, *window])
+            elif incremental:
+                seq = [f"ingest_seq < {cut.upto}"]
+                if after is not None:
+                    seq.insert(0, f"ingest_seq >= {after}")
+                by_run = " AND ".join([store, *seq])
+            else:
+                by_run = store
+            metadata = {
+                "tracestore.store_id": cut.store_id,
+                "tracestore.after": "" if after is None else str(after),
+                "tracestore.upto": str(cut.upto),
+                "tracestore.mode": "incremental" if incremental else "window" if window else "full",
+            }
+            versions: dict[str, int] = {}
+            written: dict[str, int] = {}
+            # Children first, runs last: a reader that starts from runs never meets a run
+            # whose rows are not all there yet.
+            for name in reversed(list(batch.tables)):
+                staged = batch.tables[name]
+                path = out / name
+                if batch.runs == 0 and name not in WHOLE_TABLES and lake.is_delta_table(path):
+                    continue  # nothing to add or replace
+                predicate = store if name in WHOLE_TABLES else by_run
+                versions[name] = lake.write_delta(
+                    path, staged.files, staged.partitioned, predicate, metadata
+                )
+                written[name] = staged.rows
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        lake.write_lake_file(out, {n: t.columns for n, t in batch.tables.items()})
+        complete = not window
+        entry = {
+            **_batch_entry(batch, cut, after),
+            "mode": metadata["tracestore.mode"],
+            "window": window,
+            "rows": written,
+            "versions": versions,
+        }
+        data = lake.record_export(out, state, cut.kind, cut.upto if complete else None, entry)
+    return ExportSummary(
+        path=out,
+        format=LakeFormat.delta,
+        manifest=data,
+        written=written,
+        runs=batch.runs,
+        after=after,
+        upto=cut.upto,
+        files=len(versions),
+        seconds=0.0,
+        notices=notices,
+    )

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from tracestore.reports.export import ExportSummary
     from tracestore.reports.filters import Filters
     from tracestore.reports.runner import Result
+    from tracestore.reports.watermark import Cut
 
 T = TypeVar("T")
 
@@ -73,10 +74,33 @@ def query(url: str | URL, sql: str) -> Result:
 
 
 def export(
-    url: str | URL, out: Path, filters: Filters, *, schema_revision: str | None = None
+    url: str | URL,
+    out: Path,
+    filters: Filters,
+    *,
+    fmt: str = "parquet",
+    incremental: bool = False,
+    schema_revision: str | None = None,
 ) -> ExportSummary:
-    """Write a Parquet snapshot of the live store at `url` into `out`."""
-    return _dispatch(url, _export, out, filters, schema_revision)
+    """Export the live store at `url` into `out` (Parquet or Delta, in full or the runs
+    past the last export: reports/export.py)."""
+    # The cut is taken here, in the process that may write the store (on SQLite it may
+    # sequence runs another writer left without one), before DuckDB reads anything.
+    cut = _cut(url)
+    return _dispatch(url, _export, out, filters, cut, fmt, incremental, schema_revision)
+
+
+def _cut(url: str | URL) -> Cut:
+    from sqlalchemy.pool import NullPool
+
+    from tracestore.db.engine import create_engine
+    from tracestore.reports.watermark import take_cut
+
+    engine = create_engine(normalize_url(url), poolclass=NullPool)
+    try:
+        return take_cut(engine)
+    finally:
+        engine.dispose()
 
 
 # --- where the work runs ------------------------------------------------------------------
@@ -201,7 +225,14 @@ def _query(url: str, ext: str | None, sql: str) -> Result:
 
 
 def _export(
-    url: str, ext: str | None, out: Path, filters: Filters, schema_revision: str | None
+    url: str,
+    ext: str | None,
+    out: Path,
+    filters: Filters,
+    cut: Cut,
+    fmt: str,
+    incremental: bool,
+    schema_revision: str | None,
 ) -> ExportSummary:
     from sqlalchemy.pool import NullPool
 
@@ -214,6 +245,9 @@ def _export(
             engine,
             out,
             filters,
+            cut,
+            fmt=fmt,
+            incremental=incremental,
             extension_dir=Path(ext) if ext is not None else None,
             schema_revision=schema_revision,
         )

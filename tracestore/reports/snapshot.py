@@ -1,9 +1,10 @@
 """The snapshot manifest: what `tracestore export` wrote, read back by `--from DIR`.
 
 A snapshot directory holds one folder per table, Hive-partitioned by the UTC day its run
-was received (`runs/day=2025-11-20/data_0.parquet`), and `manifest.json` listing every
-file with its row count and sha256, each table's columns, the schema revision, the time
-range and the tracestore version.
+was received (`runs/day=2025-11-20/s<store>_q<after>-<upto>_runs_0.parquet`), and
+`manifest.json` listing every file with its row count and sha256, each table's columns,
+the schema revision, the time range, the store's id, the watermark an incremental export
+continues from, and the tracestore version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from tracestore.errors import InvalidRequest
 
 MANIFEST = "manifest.json"
 FORMAT = "tracestore-snapshot"
-FORMAT_VERSION = 1
+# 2 (issue 15): rows carry store_id, run_id and ingest_seq; float epoch times become
+# timestamps (the float kept as <name>_epoch); unique file names; a watermark and
+# batches for --incremental. Version 1 snapshots still read.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +73,10 @@ def read_manifest(root: Path) -> Manifest:
         raise InvalidRequest(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InvalidRequest(f"{path} is not a tracestore snapshot manifest")
-    if data.get("format_version") != FORMAT_VERSION:
+    if data.get("format_version") not in READABLE_VERSIONS:
         raise InvalidRequest(
             f"{path} has format version {data.get('format_version')!r}; this tracestore reads "
-            f"version {FORMAT_VERSION}"
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}"
         )
     tables: dict[str, SnapshotTable] = {}
     for name, entry in (data.get("tables") or {}).items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Table, insert, select
+from sqlalchemy import Connection, Table, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from tracestore.db.bulk import allocate_ids, bulk_insert
@@ -129,6 +129,7 @@ _FIND_RUN = select(
     RUNS.c.trace_kind,
 )
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
+_MAX_INGEST_SEQ = select(func.coalesce(func.max(RUNS.c.ingest_seq), 0))
 _RECEIVED = {
     "origin": "received",
     "converter": None,
@@ -270,6 +271,20 @@ def _created(prepared: Prepared) -> IngestResult:
     )
 
 
+def _ingest_seqs(conn: Connection, n: int) -> list[int]:
+    """The runs' ingest sequence (issue 15), where it is assigned at write time.
+
+    Targeted edit for the lake export (tracestore/reports/watermark.py reads it). On
+    SQLite: max + 1 onwards, which is commit-ordered because this transaction holds the
+    single write lock until it commits (as allocate_ids relies on for keys). On
+    PostgreSQL nothing here: the column's default is the writing transaction's id.
+    """
+    if conn.dialect.name != "sqlite" or n == 0:
+        return []
+    start = conn.execute(_MAX_INGEST_SEQ).scalar_one()
+    return list(range(start + 1, start + 1 + n))
+
+
 def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetime) -> None:
     """Insert every row of several new rollouts: one bulk write per table for all of them.
 
@@ -277,6 +292,7 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
     instead of once per rollout (on PostgreSQL each write is a round trip).
     """
     run_pks = allocate_ids(conn, RUNS, len(items))
+    seqs = _ingest_seqs(conn, len(items))
     traj_pks = iter(allocate_ids(conn, TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)))
     trace_pks = iter(allocate_ids(conn, TRACES, sum(len(p.rows.traces) for p in items)))
     ts_pks = iter(
@@ -285,17 +301,18 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
     out: dict[Table, list[dict[str, Any]]] = {
         t: [] for t in (RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES)
     }
-    for prepared, run_pk in zip(items, run_pks, strict=True):
+    for i, (prepared, run_pk) in enumerate(zip(items, run_pks, strict=True)):
         rows = prepared.rows
-        out[RUNS].append(
-            dict(
-                rows.run,
-                id=run_pk,
-                received_at=received_at,
-                content_hash=prepared.digest,
-                doc_bytes=len(prepared.raw),
-            )
+        run_row = dict(
+            rows.run,
+            id=run_pk,
+            received_at=received_at,
+            content_hash=prepared.digest,
+            doc_bytes=len(prepared.raw),
         )
+        if seqs:
+            run_row["ingest_seq"] = seqs[i]
+        out[RUNS].append(run_row)
         out[DOCUMENTS].append(
             {
                 "run_pk": run_pk,
