@@ -46,6 +46,25 @@ def cid_from_url(url: object) -> str | None:
     return _cid_in_query(url)
 
 
+# Log lines quote URLs in these; they are no part of the URL.
+_QUOTES = "\"'<>()[]{},;`"
+
+
+def cid_in_text(text: str) -> str | None:
+    """The cid an inference URL in `text` names (the rules above), or None.
+
+    `text` is what a person pastes: the URL alone, or a log line holding it among other
+    words (quotes and brackets around it are not part of it).
+    """
+    for candidate in [text.strip(), *text.split()]:
+        candidate = candidate.strip(_QUOTES)
+        if "?" in candidate:
+            cid = cid_from_url(candidate)
+            if cid is not None:
+                return cid
+    return None
+
+
 def lookup_forms(cid: str) -> list[str]:
     """The ids a look-up by `cid` tries, in order: `cid`, then the id it names in a URL.
 

@@ -2,13 +2,15 @@
 
 `TracestoreClient` (sync) and `AsyncTracestoreClient` (asyncio) post rollouts and
 batches with retries, and with `spool=` keep what the server could not take in a local
-file, delivered when it answers again. Everything is logged under `tracestore.client`.
+file, delivered when it answers again. They read a run back (`get_rollout`, `get_trace`,
+`get_trajectories`, `find_by_cid`, `iter_runs`). Everything is logged under `tracestore.client`.
 The server distribution re-exports these names as `tracestore.client`.
 """
 
 from tracestore_client.client import (
     GZIP_ABOVE,
     AsyncTracestoreClient,
+    RunFilters,
     TracestoreClient,
     path_segment,
 )
@@ -27,6 +29,7 @@ __all__ = [
     "ReplayResult",
     "RetryPolicy",
     "Rollout",
+    "RunFilters",
     "Spool",
     "SpoolStatus",
     "TracestoreClient",

@@ -2,8 +2,10 @@
 
 Both post single rollouts and batches (gzip above a size), retry connection errors, 429,
 503 and other 5xx (see retry.py), treat `duplicate` as success and surface `conflict`
-and other 4xx at once. A rollout holding NaN or Infinity raises NonFiniteNumberError
-before anything is sent.
+and other 4xx at once. They read too (a rollout, its trace or trajectories, the runs of a
+cid, the run list with its filters, drift): reads are retried like posts (they change
+nothing), and a 404 or other refusal raises TracestoreHTTPError. A rollout holding NaN or
+Infinity raises NonFiniteNumberError before anything is sent.
 
 With a spool, a rollout the server could not take (down, or still overloaded when the
 retries ran out) is written to the spool, fsynced, and reported as `"status": "spooled"`;
@@ -26,8 +28,9 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
 import httpx
@@ -54,6 +57,43 @@ def path_segment(value: str) -> str:
 
 def _rollout_path(run_id: str) -> str:
     return "/v1/rollouts/" + path_segment(run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """The filters of GET /v1/rollouts (each optional; see the server's README)."""
+
+    correlation_id: str | None = None
+    env_id: str | None = None
+    policy_id: str | None = None
+    # An ISO date or time, a duration back from now (`7d`), or an aware datetime.
+    since: str | datetime | None = None
+    until: str | datetime | None = None
+    trace_kind: str | None = None
+    has_trajectories: bool | None = None
+    has_drift: bool | None = None
+
+    def params(self) -> dict[str, str]:
+        """The filters that are set, as query parameters."""
+        out: dict[str, str] = {}
+        for name, value in asdict(self).items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                out[name] = "true" if value else "false"
+            elif isinstance(value, datetime):
+                out[name] = value.isoformat()
+            else:
+                out[name] = str(value)
+        return out
+
+
+def _filters(filters: RunFilters | Mapping[str, Any] | None) -> RunFilters:
+    if filters is None:
+        return RunFilters()
+    if isinstance(filters, RunFilters):
+        return filters
+    return RunFilters(**filters)  # an unknown name is a TypeError here, before any request
 
 
 def _encode(body: bytes, gzip_above: int) -> tuple[bytes, dict[str, str]]:
@@ -108,6 +148,7 @@ class _Request:
     path: str
     content: bytes | None = None
     headers: dict[str, str] | None = None
+    params: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,11 +290,57 @@ class _Core:
             return dict(body)
         raise TracestoreHTTPError(response.status_code, body)
 
+    def _get(self, path: str, params: dict[str, str] | None = None) -> _Flow[httpx.Response]:
+        """GET with the posts' retries (a read changes nothing); a 200 or raises."""
+        attempts = Attempts(self.retry, f"GET {path}")
+        while True:
+            try:
+                response: httpx.Response = yield _Request("GET", path, params=params)
+            except httpx.TransportError as exc:
+                delay = attempts.after_error(exc)
+                if delay is None:
+                    raise
+            else:
+                if response.status_code == 200:
+                    return response
+                if not is_retryable(response.status_code):
+                    raise TracestoreHTTPError(response.status_code, response_body(response))
+                delay = attempts.after_response(response)
+                if delay is None:
+                    raise TracestoreHTTPError(response.status_code, response_body(response))
+            yield _Sleep(delay)
+
+    def _get_json(self, path: str, params: dict[str, str] | None = None) -> _Flow[Any]:
+        response = yield from self._get(path, params)
+        # Large documents parse off the event loop in the async client.
+        return (yield _Blocking(functools.partial(loads, response.content)))
+
     def _get_rollout(self, run_id: str) -> _Flow[Any]:
-        response: httpx.Response = yield _Request("GET", _rollout_path(run_id))
-        if response.status_code != 200:
-            raise TracestoreHTTPError(response.status_code, response_body(response))
-        return loads(response.content)
+        return (yield from self._get_json(_rollout_path(run_id)))
+
+    def _get_rollout_bytes(self, run_id: str) -> _Flow[bytes]:
+        response = yield from self._get(_rollout_path(run_id))
+        return response.content
+
+    def _get_part(self, run_id: str, part: str) -> _Flow[Any]:
+        return (yield from self._get_json(_rollout_path(run_id) + "/" + part))
+
+    def _find_by_cid(self, cid: str) -> _Flow[dict[str, Any]]:
+        body = yield from self._get_json("/v1/correlations/" + path_segment(cid))
+        return dict(body)
+
+    def _list_runs(
+        self, filters: RunFilters, limit: int, cursor: str | None
+    ) -> _Flow[dict[str, Any]]:
+        params = {**filters.params(), "limit": str(limit)}
+        if cursor is not None:
+            params["cursor"] = cursor
+        body = yield from self._get_json("/v1/rollouts", params)
+        return dict(body)
+
+    def _drift_report(self, params: dict[str, str]) -> _Flow[dict[str, Any]]:
+        body = yield from self._get_json("/v1/drift/report", params)
+        return dict(body)
 
     def _deliver(self, records: list[bytes]) -> _Flow[list[tuple[Outcome, str]]]:
         try:
@@ -388,7 +475,9 @@ class TracestoreClient(_Core):
 
     def _do(self, op: _Op) -> Any:
         if isinstance(op, _Request):
-            return self._http.request(op.method, op.path, content=op.content, headers=op.headers)
+            return self._http.request(
+                op.method, op.path, content=op.content, headers=op.headers, params=op.params
+            )
         if isinstance(op, _Sleep):
             time.sleep(op.seconds)
             return None
@@ -419,8 +508,54 @@ class TracestoreClient(_Core):
         return self._run(self._post_batch(rollouts))
 
     def get_rollout(self, run_id: str) -> Any:
-        """The stored rollout, as received."""
+        """The stored rollout, as received (parsed)."""
         return self._run(self._get_rollout(run_id))
+
+    def get_rollout_bytes(self, run_id: str) -> bytes:
+        """The stored rollout's bytes, exactly as received."""
+        return self._run(self._get_rollout_bytes(run_id))
+
+    def get_trace(self, run_id: str) -> Any:
+        """The run's v3 trace (full shape): stored, or converted from its trajectories."""
+        return self._run(self._get_part(run_id, "trace"))
+
+    def get_trajectories(self, run_id: str) -> Any:
+        """The run's legacy trajectories: stored, or converted from its trace."""
+        return self._run(self._get_part(run_id, "trajectories"))
+
+    def get_drift(self, run_id: str) -> dict[str, Any]:
+        """The run's drift check and findings."""
+        return dict(self._run(self._get_part(run_id, "drift")))
+
+    def find_by_cid(self, cid: str) -> dict[str, Any]:
+        """Every run of a correlation id: `{correlation_id, matched_correlation_id, runs}`."""
+        return self._run(self._find_by_cid(cid))
+
+    def list_runs(
+        self,
+        filters: RunFilters | Mapping[str, Any] | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of run summaries, newest first: `{items, next_cursor}`."""
+        return self._run(self._list_runs(_filters(filters), limit, cursor))
+
+    def iter_runs(
+        self, filters: RunFilters | Mapping[str, Any] | None = None, *, page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """Every run summary matching `filters`, newest first, following the cursor."""
+        f, cursor = _filters(filters), None
+        while True:
+            page = self._run(self._list_runs(f, page_size, cursor))
+            yield from page["items"]
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
+
+    def drift_report(self, **params: str) -> dict[str, Any]:
+        """The drift report's data (GET /v1/drift/report; its query parameters)."""
+        return self._run(self._drift_report(params))
 
     def replay(self) -> ReplayResult:
         """Deliver the spooled rollouts now; what is not delivered stays spooled."""
@@ -474,7 +609,7 @@ class AsyncTracestoreClient(_Core):
     async def _do(self, op: _Op) -> Any:
         if isinstance(op, _Request):
             return await self._http.request(
-                op.method, op.path, content=op.content, headers=op.headers
+                op.method, op.path, content=op.content, headers=op.headers, params=op.params
             )
         if isinstance(op, _Sleep):
             await asyncio.sleep(op.seconds)
@@ -507,8 +642,55 @@ class AsyncTracestoreClient(_Core):
         return await self._run(self._post_batch(rollouts))
 
     async def get_rollout(self, run_id: str) -> Any:
-        """The stored rollout, as received."""
+        """The stored rollout, as received (parsed)."""
         return await self._run(self._get_rollout(run_id))
+
+    async def get_rollout_bytes(self, run_id: str) -> bytes:
+        """The stored rollout's bytes, exactly as received."""
+        return await self._run(self._get_rollout_bytes(run_id))
+
+    async def get_trace(self, run_id: str) -> Any:
+        """The run's v3 trace (full shape): stored, or converted from its trajectories."""
+        return await self._run(self._get_part(run_id, "trace"))
+
+    async def get_trajectories(self, run_id: str) -> Any:
+        """The run's legacy trajectories: stored, or converted from its trace."""
+        return await self._run(self._get_part(run_id, "trajectories"))
+
+    async def get_drift(self, run_id: str) -> dict[str, Any]:
+        """The run's drift check and findings."""
+        return dict(await self._run(self._get_part(run_id, "drift")))
+
+    async def find_by_cid(self, cid: str) -> dict[str, Any]:
+        """Every run of a correlation id: `{correlation_id, matched_correlation_id, runs}`."""
+        return await self._run(self._find_by_cid(cid))
+
+    async def list_runs(
+        self,
+        filters: RunFilters | Mapping[str, Any] | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of run summaries, newest first: `{items, next_cursor}`."""
+        return await self._run(self._list_runs(_filters(filters), limit, cursor))
+
+    async def iter_runs(
+        self, filters: RunFilters | Mapping[str, Any] | None = None, *, page_size: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every run summary matching `filters`, newest first, following the cursor."""
+        f, cursor = _filters(filters), None
+        while True:
+            page = await self._run(self._list_runs(f, page_size, cursor))
+            for item in page["items"]:
+                yield item
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
+
+    async def drift_report(self, **params: str) -> dict[str, Any]:
+        """The drift report's data (GET /v1/drift/report; its query parameters)."""
+        return await self._run(self._drift_report(params))
 
     async def replay(self) -> ReplayResult:
         """Deliver the spooled rollouts now; what is not delivered stays spooled."""

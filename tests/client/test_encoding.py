@@ -95,9 +95,10 @@ class Step:
 def test_types_the_previous_encoder_wrote_are_written_the_same_way() -> None:
     # orjson (the client's encoder before) wrote these natively; a task app passing them
     # must see the same JSON now.
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, 678, tzinfo=datetime.UTC)
     doc = {
         "run_id": "typed",
-        "when": datetime.datetime(2026, 1, 2, 3, 4, 5, 678, tzinfo=datetime.UTC),
+        "when": when,
         "naive": datetime.datetime(2026, 1, 2, 3, 4, 5),
         "day": datetime.date(2026, 1, 2),
         "id": uuid.UUID(int=7),
@@ -107,7 +108,7 @@ def test_types_the_previous_encoder_wrote_are_written_the_same_way() -> None:
     }
     assert json.loads(encode_rollout(doc)) == orjson.loads(orjson.dumps(doc))
     with pytest.raises(NonFiniteNumberError) as refused:
-        encode_rollout({"run_id": "typed", "step": Step(math.nan, doc["when"])})
+        encode_rollout({"run_id": "typed", "step": Step(math.nan, when)})
     assert refused.value.path == "$.step.reward"
 
 

@@ -37,7 +37,11 @@ def _doc(**parts: Any) -> dict[str, Any]:
 
 
 def test_resolution_order_and_sources() -> None:
-    traj = {"inference_url": "https://h?cid=c4", "trace_correlation_id": "c3", "steps": []}
+    traj: dict[str, Any] = {
+        "inference_url": "https://h?cid=c4",
+        "trace_correlation_id": "c3",
+        "steps": [],
+    }
     doc = _doc(
         trace_correlation_id="c1",
         pipeline_metadata={"trace_correlation_id": "c2", "inference_url": "https://h?cid=c5"},

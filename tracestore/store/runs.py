@@ -220,3 +220,11 @@ def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str,
         if rows:
             return form, _summaries(session, rows)
     raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
+
+
+def run_summary(session: Session, run_id: str) -> dict[str, Any]:
+    """The summary of one run, as the list gives it (NotFound when absent)."""
+    rows = list(session.execute(select(*SUMMARY_COLUMNS).where(Run.run_id == run_id)))
+    if not rows:
+        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
+    return _summaries(session, rows)[0]
