@@ -106,10 +106,20 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder(parse_int=str)
 
 
-def split_array(raw: bytes) -> list[bytes] | None:
+class TooManyItems(Exception):
+    """An array holds more elements than the caller takes (not a ValueError: the JSON may
+    well be valid)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the array holds more than {limit} elements")
+        self.limit = limit
+
+
+def split_array(raw: bytes, *, max_items: int | None = None) -> list[bytes] | None:
     """The bytes of each element of a JSON array, exactly as written; None if `raw` is not
     an array. ValueError when the array is not valid JSON (its elements are checked only
     as far as finding where each ends: each is parsed properly on its own afterwards).
+    TooManyItems as soon as an element past `max_items` is found, before it is sliced out.
     """
     text = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
 
@@ -127,6 +137,10 @@ def split_array(raw: bytes) -> list[bytes] | None:
                 _, end = _DECODER.raw_decode(text, at)
             except RecursionError:
                 raise ValueError(f"nesting too deep in the element at character {at}") from None
+            if max_items is not None and len(items) >= max_items:
+                # Millions of tiny elements (`{},{},...`) would cost ~40 bytes each as
+                # slices: refuse before holding more than the caller takes.
+                raise TooManyItems(max_items)
             # Strictly decoded text re-encodes to the very bytes it came from.
             items.append(text[at:end].encode("utf-8"))
             at = skip(end)

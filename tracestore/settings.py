@@ -80,6 +80,63 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(
         default=10_000, gt=0, description="Most rollouts accepted in one batch request."
     )
+    max_parsed_bytes: int = Field(
+        default=6 * DEFAULT_MAX_BODY_BYTES,
+        gt=0,
+        description=(
+            "Largest size a request body may take once parsed, estimated as it streams in "
+            'from its `{`, `[`, `,`, `"` and `.` (real rollouts take 4-6 bytes per byte; '
+            "a body of empty objects 24); past it, 413."
+        ),
+    )
+    db_pool_size: int = Field(
+        default=8,
+        gt=0,
+        description=(
+            "Database connections per worker process for requests that read; ingest requests "
+            "have TRACESTORE_DB_WRITE_CONNECTIONS of their own, /health and /metrics one each."
+        ),
+    )
+    db_write_connections: int = Field(
+        default=4, gt=0, description="Database connections per worker process for ingest."
+    )
+    db_wait: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds a request waits for a database connection; past it, 503 database_busy "
+            "with Retry-After."
+        ),
+    )
+    max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        description="Largest request line plus headers; past it, 431 and the connection closes.",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds a connection may take to send a request's line and headers (and an idle "
+            "new connection its first byte); past it, 408 and the connection closes."
+        ),
+    )
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Longest wait, in seconds, for the next piece of a request body; past it, 408 "
+            "request_timeout and the request's in-flight bytes are released."
+        ),
+    )
+    body_min_rate: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description=(
+            "Slowest average body rate, in bytes per second, accepted once a body has taken "
+            "TRACESTORE_BODY_TIMEOUT seconds; slower uploads are cut with 408 (0: no floor)."
+        ),
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -351,13 +351,15 @@ CASES: list[Case] = [
     Case(
         "truncated gzip",
         gzip.compress(orjson.dumps(_rollout("trunc")))[:-10],
-        (400, 422),
+        REFUSED_JSON,
+        "invalid_json",
         headers={"Content-Encoding": "gzip"},
     ),
     Case(
         "plain body labelled gzip",
         orjson.dumps(_rollout("labelled")),
-        (400, 422),
+        REFUSED_JSON,
+        "invalid_json",
         headers={"Content-Encoding": "gzip"},
     ),
     *[
@@ -443,7 +445,18 @@ def _check_refusal(response: httpx.Response, code: str | None) -> None:
         assert body["error"]["code"] == code, body
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# A body that cannot be decoded is malformed, like one that is not JSON (400); the API
+# answers 422 `invalid_request` today (tests/api/test_bad_input.py::test_corrupt_gzip_is_400).
+_GZIP_STATUS_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="api/body.py raises InvalidRequest (422 invalid_request) for a corrupt gzip body",
+)
+_KNOWN_BUGS = {"truncated gzip": _GZIP_STATUS_BUG, "plain body labelled gzip": _GZIP_STATUS_BUG}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name, marks=_KNOWN_BUGS.get(c.name, ())) for c in CASES]
+)
 def test_named_attack_gets_a_clear_answer(target: Target, case: Case) -> None:
     headers = {"Content-Type": "application/json", **case.headers}
     with target.client() as http:
@@ -802,10 +815,67 @@ def test_random_run_ids_round_trip(target: Target) -> None:
     roundtrip()
 
 
-def test_the_store_is_intact_after_the_attacks(target: Target) -> None:
-    """Every table is still there and every stored run is whole."""
-    from tests.conftest import row_counts
+def _refused_attacks(run_id: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Attacks that must be refused, each under `run_id`: (name, body, headers)."""
+    late = _rollout(run_id)
+    late["trace"] = {"session_time_steps": [{"events": [{"reward": 1.0, "input_tokens": "x"}]}]}
+    json_type = {"Content-Type": "application/json"}
+    return [
+        ("NaN token", _with_raw(_rollout(run_id, x="@@"), b"NaN"), json_type),
+        ("lone surrogate", _with_raw(_rollout(run_id, x="@@"), b'"\\ud800"'), json_type),
+        ("trailing garbage", orjson.dumps(_rollout(run_id)) + b"garbage", json_type),
+        ("deep nesting", _with_raw(_rollout(run_id, x="@@"), _nested(2000)), json_type),
+        ("bad value late in the trace", orjson.dumps(late), json_type),
+        (
+            "repeated key",
+            orjson.dumps(_rollout(run_id))[:-1] + b',"metrics":{}}',
+            json_type,
+        ),
+        ("wrong Content-Type", orjson.dumps(_rollout(run_id)), {"Content-Type": "text/plain"}),
+        (
+            "truncated gzip",
+            gzip.compress(orjson.dumps(_rollout(run_id)))[:-10],
+            {**json_type, "Content-Encoding": "gzip"},
+        ),
+    ]
 
+
+def test_the_store_is_intact_after_the_attacks(target: Target) -> None:
+    """Attacks sent here (whatever ran before): every table is still there, every rollout
+    accepted is stored whole and served byte for byte, and no refused one left a row."""
+    from sqlalchemy import inspect
+
+    from tests.conftest import row_counts
+    from tracestore.db.base import Base
+
+    nonce = secrets.token_hex(4)
+    # Accepted: the examples, and run_ids that are SQL or paths (plain data).
+    sent = {
+        f"intact-{nonce}-{i}": orjson.dumps(dict(doc, run_id=f"intact-{nonce}-{i}"))
+        for i, doc in enumerate(example_docs()[:3])
+    }
+    sent.update({f"{v} {nonce}": orjson.dumps(_rollout(f"{v} {nonce}")) for v in SQL_AND_PATHS})
+    refused = f"refused-{nonce}"
+    with target.client() as http:
+        for run_id, raw in sent.items():
+            response = http.post("/v1/rollouts", content=raw)
+            assert response.status_code == 201, (run_id, response.text[:300])
+        for name, body, headers in _refused_attacks(refused):
+            response = http.post("/v1/rollouts", content=body, headers=headers)
+            assert 400 <= response.status_code < 500, (name, response.text[:300])
+            _check_refusal(response, None)
+        for value in SQL_AND_PATHS:  # as query parameters and path segments too
+            assert http.get("/v1/rollouts", params={"env_id": value}).status_code == 200
+            assert http.get(f"/v1/correlations/{path_segment(value)}").status_code == 404
+        for run_id, raw in sent.items():
+            stored = http.get(f"/v1/rollouts/{path_segment(run_id)}")
+            assert stored.status_code == 200, (run_id, stored.text[:300])
+            assert stored.content == raw, run_id
+    assert set(Base.metadata.tables) <= set(inspect(target.engine).get_table_names())
+    documents = stored_documents(target.engine)
+    assert {r: documents.get(r) for r in sent} == sent
+    assert refused not in documents
     counts = row_counts(target.engine)
-    assert counts["runs"] == counts["run_documents"] > 0
-    assert partial_runs(target.engine, stored_documents(target.engine)) == []
+    assert counts["runs"] == counts["run_documents"]
+    # Every stored run, these and the other tests', has exactly its document's rows.
+    assert partial_runs(target.engine, documents) == []

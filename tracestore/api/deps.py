@@ -7,27 +7,36 @@ import binascii
 import hmac
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
+from tracestore.api.overload import Lanes
+from tracestore.api.pages.session import session_client
 from tracestore.errors import Unauthorized
-from tracestore.settings import ApiClient, Settings
+from tracestore.settings import ANONYMOUS, ApiClient, Settings
 
 # Where the auth dependency leaves the name of the client a valid key belongs to (in the
 # request's scope state: the middleware counting legacy reads reads it there).
 CLIENT_STATE = "tracestore_client"
 
 
+if TYPE_CHECKING:
+    # api/observability imports api/clients, which imports this module.
+    from tracestore.api.observability import Observability
+
+
 @dataclass(slots=True)
 class AppState:
-    """What every request needs: settings and the engine."""
+    """What every request needs: settings, the engine, and what the app counts."""
 
     settings: Settings
     engine: Engine
+    observability: Observability
+    # Database connections in bounded time, by kind of request (api/overload.py).
+    lanes: Lanes
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the
@@ -43,22 +52,30 @@ async def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def _end(session: Session) -> None:
-    session.rollback()  # a read session never writes
-    session.close()
-
-
 async def get_read_session(state: StateDep) -> AsyncIterator[Session]:
-    """A read-only session for the request; it connects at its first query."""
-    session = Session(state.engine, expire_on_commit=False)  # no I/O yet
-    try:
+    """A read-only session for the request, once a read slot is free (else 503
+    database_busy); it connects at its first query."""
+    async with state.lanes.reads.session() as session:
         yield session
-    finally:
-        # Rolling back and returning the connection is I/O: off the event loop.
-        await run_in_threadpool(_end, session)
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session)]
+
+
+async def get_metrics_session(state: StateDep) -> AsyncIterator[Session]:
+    """A read-only session on /metrics' own connection: never behind the request pool."""
+    async with state.lanes.metrics.session() as session:
+        yield session
+
+
+MetricsSessionDep = Annotated[Session, Depends(get_metrics_session)]
+
+
+async def read_slot(state: StateDep) -> AsyncIterator[None]:
+    """Hold a read slot for the request (routes that reach the store other than through a
+    session: the reports)."""
+    async with state.lanes.reads.slot():
+        yield
 
 
 def presented_key(request: Request) -> str | None:
@@ -104,6 +121,10 @@ def check_key(request: Request, settings: Settings) -> None:
         return
     presented = presented_key(request)
     if presented is None:
+        if session_client(request, settings) is not None:
+            # A browser signed in on /login (api/pages/session.py): a person, not a client.
+            request.scope.setdefault("state", {})[CLIENT_STATE] = ANONYMOUS
+            return
         raise Unauthorized("an API key is required: send X-API-Key or Authorization: Bearer")
     name = identify(presented, settings.api_clients())
     if name is None:

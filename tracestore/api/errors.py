@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from tracestore import errors
+from tracestore.api.overload import BUSY_RETRY_AFTER, DatabaseBusy
 from tracestore.jsontext import dumps
 
 log = logging.getLogger("tracestore.api")
@@ -122,11 +125,47 @@ async def _database(request: Request, exc: Exception) -> JSONBody:
     )
 
 
+# A flood refuses hundreds of requests a second: the log says so once per this many seconds.
+BUSY_LOG_EVERY_S = 10.0
+_busy_log = {"at": -BUSY_LOG_EVERY_S, "since": 0}
+
+
+async def _busy(request: Request, exc: Exception) -> JSONBody:
+    # Every connection of the request's lane stayed taken for the whole wait (a flood), or
+    # the pool's own backstop wait ran out: nothing was done, and a retry is safe.
+    _busy_log["since"] += 1
+    now = time.monotonic()
+    if now - _busy_log["at"] >= BUSY_LOG_EVERY_S:
+        log.warning(
+            "database busy: %d request(s) refused with 503 in the last %.0f s; last on %s %s: %s",
+            _busy_log["since"],
+            min(now - _busy_log["at"], BUSY_LOG_EVERY_S),
+            request.method,
+            request.url.path,
+            exc,
+        )
+        _busy_log.update(at=now, since=0)
+    return JSONBody(
+        error_body(
+            "database_busy",
+            "every database connection stayed busy for the whole wait; retry after the "
+            "Retry-After delay",
+            retry_after=BUSY_RETRY_AFTER,
+        ),
+        status_code=503,
+        headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONBody:
     # Logged with the traceback; the client gets the error shape without internals.
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONBody(
-        error_body("internal_error", "internal error; it has been logged"), status_code=500
+        error_body("internal_error", "internal error; it has been logged"),
+        status_code=500,
+        # The server closes the connection after an unhandled error (Starlette re-raises
+        # it for uvicorn to log): say so, or a client's next request on it may meet a reset.
+        headers={"Connection": "close"},
     )
 
 
@@ -136,4 +175,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(OperationalError, _database)
+    app.add_exception_handler(DatabaseBusy, _busy)
+    app.add_exception_handler(PoolTimeout, _busy)
     app.add_exception_handler(Exception, _unexpected)

@@ -16,19 +16,27 @@ The oldest request in flight is never refused, so a worker always makes progress
 bound smaller than one body does not make that body impossible to send, and bodies that
 grow together cannot all cut each other off. Held bytes therefore stay below
 `max_inflight_bytes` plus one body (at most `max_body_bytes`, which api/body.py enforces).
+
+A body must keep coming: a wait of more than `body_timeout` seconds for its next piece, or
+an average rate below `body_min_rate` once it has taken `body_timeout` seconds, cuts it
+with 408 `request_timeout` (uvicorn has no body timeout). So a stalled or dripping upload
+holds its charge for a bounded time, not forever.
 """
 
 from __future__ import annotations
 
+import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import anyio
 import orjson
 from fastapi import FastAPI
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracestore.api.errors import error_body
+from tracestore.api.overload import AbandonedRequests
 from tracestore.settings import Settings
 
 # Seconds a refused client should wait. Short: the bytes in flight drain as requests end,
@@ -72,6 +80,8 @@ class _Ticket:
     charge: int = 0
     received: int = 0
     meter: _GzipMeter | None = None
+    started: float = field(default_factory=time.monotonic)
+    body_done: bool = False  # the last piece of the body has arrived (or there is none)
     responded: bool = False  # the app (or we) started the response
     cut: bool = False  # we refused it mid-stream and answered for it
     gone: bool = False  # the client disconnected
@@ -91,42 +101,69 @@ def _declared_length(scope: Scope) -> int | None:
     return int(value)
 
 
-def overloaded_response(limit: int) -> tuple[Message, Message]:
-    """The ASGI messages of the 503 `overloaded` response."""
-    body = orjson.dumps(
-        error_body(
-            "overloaded",
-            f"the server is holding its limit of {limit} request bytes in flight; "
-            f"retry after {RETRY_AFTER_SECONDS} s",
-            retry_after=RETRY_AFTER_SECONDS,
-            limit=limit,
-        )
-    )
+def _refusal(
+    status: int, error: dict[str, object], *extra: tuple[bytes, bytes]
+) -> tuple[Message, Message]:
+    body = orjson.dumps(error)
     start: Message = {
         "type": "http.response.start",
-        "status": 503,
+        "status": status,
         "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-            # The refused body is never read: close the connection rather than leave its
-            # unread bytes in front of the client's next request.
+            *extra,
+            # The rest of the body is never read: close the connection rather than leave
+            # its unread bytes in front of the client's next request. The server reads
+            # and drops what the client still sends for a while before it closes
+            # (api/server.py), so a client that sends its whole body before reading gets
+            # this answer, not a connection reset.
             (b"connection", b"close"),
         ],
     }
     return start, {"type": "http.response.body", "body": body, "more_body": False}
 
 
+def overloaded_response(limit: int) -> tuple[Message, Message]:
+    """The ASGI messages of the 503 `overloaded` response."""
+    return _refusal(
+        503,
+        error_body(
+            "overloaded",
+            f"the server is holding its limit of {limit} request bytes in flight; "
+            f"retry after {RETRY_AFTER_SECONDS} s",
+            retry_after=RETRY_AFTER_SECONDS,
+            limit=limit,
+        ),
+        (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
+    )
+
+
+def timeout_response(message: str) -> tuple[Message, Message]:
+    """The ASGI messages of the 408 `request_timeout` response."""
+    return _refusal(408, error_body("request_timeout", message))
+
+
 class InflightLimit:
     """ASGI middleware bounding the request-body bytes held by requests in flight."""
 
-    def __init__(self, app: ASGIApp, *, limit: int, max_body: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit: int,
+        max_body: int,
+        body_timeout: float = 30.0,
+        body_min_rate: int = 0,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.max_body = max_body
+        self.body_timeout = body_timeout
+        self.body_min_rate = body_min_rate
         # One event loop per worker process: plain integers need no lock.
         self.inflight = 0
         self.refused = 0
+        self.timed_out = 0
         # Requests in flight, oldest first (dicts keep insertion order).
         self._live: dict[int, _Ticket] = {}
 
@@ -140,6 +177,18 @@ class InflightLimit:
         await send(start)
         await send(body)
 
+    def _too_slow(self, ticket: _Ticket) -> str | None:
+        """Why the body arriving for `ticket` is too slow to go on with, or None."""
+        took = time.monotonic() - ticket.started
+        if self.body_min_rate and took > self.body_timeout:
+            rate = ticket.received / took
+            if rate < self.body_min_rate:
+                return (
+                    f"the request body arrived at {rate:.0f} bytes/s over {took:.0f} s, "
+                    f"below the floor of {self.body_min_rate} bytes/s"
+                )
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI call, charging and releasing its body bytes."""
         if scope["type"] != "http":
@@ -147,6 +196,8 @@ class InflightLimit:
             return
         ticket = _Ticket()
         declared = _declared_length(scope)
+        if not declared and _header(scope, b"transfer-encoding") is None:
+            ticket.body_done = True  # no body to wait for (every GET)
         encoding = (_header(scope, b"content-encoding") or b"").strip().lower()
         if encoding in _GZIP:
             ticket.meter = _GzipMeter(stop_after=self.max_body)
@@ -161,28 +212,55 @@ class InflightLimit:
         key = id(ticket)
         self._live[key] = ticket
 
+        async def cut(answer: tuple[Message, Message]) -> Message:
+            # Answer for the app (unless it answered already) and tell it the client left,
+            # so it stops reading, writes nothing and ends: its charge is released.
+            ticket.cut = True
+            if not ticket.responded:
+                ticket.responded = True
+                await send(answer[0])
+                await send(answer[1])
+            return {"type": "http.disconnect"}
+
+        async def next_message() -> Message | None:
+            # The next message, or None when the body stalled past the timeout (uvicorn
+            # has none for bodies). After the body only a disconnect is left to come.
+            if ticket.body_done or ticket.cut:
+                return await receive()
+            with anyio.move_on_after(self.body_timeout):
+                return await receive()
+            return None
+
         async def counted_receive() -> Message:
-            message = await receive()
+            message = await next_message()
+            if message is None:
+                self.timed_out += 1
+                stalled = f"the request body stalled: nothing arrived for {self.body_timeout:g} s"
+                return await cut(timeout_response(stalled))
             if message["type"] == "http.disconnect":
                 ticket.gone = True
             if message["type"] != "http.request" or ticket.cut:
                 return message
+            if not message.get("more_body", False):
+                ticket.body_done = True
             chunk: bytes = message.get("body", b"")
             ticket.received += len(chunk)
             held = ticket.received
             if ticket.meter is not None:
                 ticket.meter.feed(chunk)
                 held = max(held, ticket.meter.size)
+            slow = None if ticket.body_done else self._too_slow(ticket)
+            if slow is not None:
+                self.timed_out += 1
+                return await cut(timeout_response(slow))
             grow = held - ticket.charge
             if grow <= 0:
                 return message
             if not ticket.responded and not self._fits(ticket, grow):
                 # Past the bound mid-stream: answer 503 now and tell the app the client
                 # left, so it stops reading and writes nothing.
-                ticket.cut = True
-                ticket.responded = True
-                await self._refuse(send)
-                return {"type": "http.disconnect"}
+                self.refused += 1
+                return await cut(overloaded_response(self.limit))
             self.inflight += grow
             ticket.charge += grow
             return message
@@ -208,12 +286,22 @@ class InflightLimit:
 
 
 def install(app: FastAPI, settings: Settings) -> None:
-    """Add the in-flight bound to `app`."""
+    """Add the in-flight bound and body timeouts to `app`, and the watch for abandoned
+    requests inside them (api/overload.py)."""
+    app.add_middleware(AbandonedRequests)
     app.add_middleware(
         InflightLimit,
         limit=settings.max_inflight_bytes,
         max_body=settings.max_body_bytes,
+        body_timeout=settings.body_timeout,
+        body_min_rate=settings.body_min_rate,
     )
 
 
-__all__ = ["RETRY_AFTER_SECONDS", "InflightLimit", "install", "overloaded_response"]
+__all__ = [
+    "RETRY_AFTER_SECONDS",
+    "InflightLimit",
+    "install",
+    "overloaded_response",
+    "timeout_response",
+]

@@ -51,10 +51,31 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def create_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """Create the store's engine for a SQLite or PostgreSQL URL."""
+def _is_memory(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def create_engine(
+    url: str | URL,
+    *,
+    connections: int | None = None,
+    wait: float | None = None,
+    **kwargs: Any,
+) -> Engine:
+    """Create the store's engine for a SQLite or PostgreSQL URL.
+
+    `connections` fixes the pool's size (no overflow) and `wait` how long a checkout waits
+    for a free connection before raising sqlalchemy.exc.TimeoutError (the API answers 503).
+    """
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
+    if connections is not None and not _is_memory(parsed):
+        # A server hands connections out on its event loop (api/overload.py), so the pool
+        # never needs to grow past what it was given; the wait is a backstop.
+        kwargs.setdefault("pool_size", connections)
+        kwargs.setdefault("max_overflow", 0)
+    if wait is not None and not _is_memory(parsed):
+        kwargs.setdefault("pool_timeout", wait)
     if backend == "sqlite":
         connect_args: dict[str, Any] = {"check_same_thread": False}
         if "timeout" not in parsed.query:

@@ -1,0 +1,227 @@
+"""Bounded memory for every request: request heads bounded in size and time, batch items
+counted before they are held.
+
+Before: an 8 MB header line was accepted; 8 unfinished 64 MiB header lines took a worker
+from 140 to 644 MiB; a connection sending its head slowly (or nothing) was held forever;
+the gzip of millions of `{}` lines posted as one NDJSON batch was refused (413) only after
+every line had been split out, at gigabytes of RSS. A real server (subprocess) with the
+default limits (64 MiB body, 256 MiB in flight, 32 KiB heads, 10,000 items), attacked from
+raw sockets; its peak memory is read from /proc (VmHWM, reset before each attack).
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import minimal_rollout
+from tests.reliability.harness import FIGURES, LOOPBACK, ServerProcess, is_error_shape
+
+MIB = 1024 * 1024
+HEADER_TIMEOUT_S = 1.0
+# Growth of the server's peak RSS allowed for an attack whose payload the server must not
+# hold: its read buffers and Python's, no payload.
+NO_PAYLOAD_GROWTH = 24 * MIB
+ANSWER_WAIT_S = 10.0
+
+
+def _server(tmp: Path) -> ServerProcess:
+    # The bounds sit in front of any database code: SQLite stands for both databases.
+    env = {"TRACESTORE_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S)}
+    return ServerProcess(f"sqlite:///{tmp / 'store.db'}", tmp / "server.log", env=env)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with the default limits and a 1 s deadline for request heads."""
+    with _server(tmp_path_factory.mktemp("request-limits")) as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """The same, new for one test: memory an earlier attack freed but kept resident would
+    hide this attack's growth."""
+    with _server(tmp_path) as server:
+        # Warm: a batch through the whole path, so first-use costs are not billed to an attack.
+        warm = orjson.dumps(minimal_rollout("warm")) + b"\n"
+        headers = {"Content-Type": "application/x-ndjson"}
+        response = httpx.post(server.url + "/v1/rollouts/batch", content=warm, headers=headers)
+        assert response.status_code == 207, response.text
+        yield server
+
+
+def _reset_peak(server: ServerProcess) -> int:
+    # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+    Path(f"/proc/{server.pid}/clear_refs").write_text("5")
+    return server.memory()["VmRSS"]
+
+
+def _peak_growth(server: ServerProcess, before: int) -> int:
+    return server.memory()["VmHWM"] - before
+
+
+def _answer(sock: socket.socket, wait: float = ANSWER_WAIT_S) -> bytes:
+    """What the server sends until it closes or `wait` seconds pass."""
+    sock.settimeout(wait)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionError):
+        pass
+    return data
+
+
+def _status(answer: bytes) -> int | None:
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else None
+
+
+def _error_code(answer: bytes) -> str:
+    body = orjson.loads(answer.partition(b"\r\n\r\n")[2])
+    assert is_error_shape(body), body
+    code: str = body["error"]["code"]
+    return code
+
+
+def test_a_header_line_past_the_limit_is_refused_with_431(server: ServerProcess) -> None:
+    before = _reset_peak(server)
+    with socket.create_connection((LOOPBACK, server.port), timeout=30) as sock:
+        # The whole request is sent before anything is read, as most clients do: the
+        # answer must still arrive (not a connection reset).
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (8 * MIB) + b"\r\n\r\n")
+        answer = _answer(sock)
+    assert _status(answer) == 431, answer[:200]
+    assert _error_code(answer) == "headers_too_large"
+    assert _peak_growth(server, before) <= NO_PAYLOAD_GROWTH
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def _unfinished_header(port: int, size: int) -> bytes:
+    with socket.create_connection((LOOPBACK, port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        piece = b"a" * MIB
+        try:
+            for _ in range(size // MIB):
+                sock.sendall(piece)
+        except ConnectionError:
+            pass  # refused and closed while we were still sending: read the answer
+        return _answer(sock)
+
+
+def test_unfinished_huge_header_lines_hold_no_memory(server: ServerProcess) -> None:
+    before = _reset_peak(server)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda _: _unfinished_header(server.port, 64 * MIB), range(8)))
+    growth = _peak_growth(server, before)
+    FIGURES.note("request-limits", unfinished_64mib_headers_x8_peak_growth_mib=growth // MIB)
+    assert [_status(a) for a in answers] == [431] * 8, [a[:100] for a in answers]
+    assert growth <= NO_PAYLOAD_GROWTH, f"peak grew {growth / MIB:.0f} MiB"
+
+
+def test_a_slow_request_head_is_cut_with_408(server: ServerProcess) -> None:
+    with socket.create_connection((LOOPBACK, server.port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # ... and the rest never comes
+        start = time.monotonic()
+        answer = _answer(sock, wait=HEADER_TIMEOUT_S + ANSWER_WAIT_S)
+        took = time.monotonic() - start
+    assert _status(answer) == 408, answer[:200]
+    assert _error_code(answer) == "request_timeout"
+    assert took < HEADER_TIMEOUT_S + 5
+
+
+def test_a_connection_that_sends_nothing_is_closed(server: ServerProcess) -> None:
+    with socket.create_connection((LOOPBACK, server.port), timeout=30) as sock:
+        start = time.monotonic()
+        answer = _answer(sock, wait=HEADER_TIMEOUT_S + ANSWER_WAIT_S)
+        took = time.monotonic() - start
+    assert answer == b""  # closed without a word: there was no request to answer
+    assert took < HEADER_TIMEOUT_S + 5
+
+
+def _post_gzip(server: ServerProcess, raw: bytes, content_type: str) -> tuple[httpx.Response, int]:
+    body = gzip.compress(raw, compresslevel=9)
+    del raw
+    before = _reset_peak(server)
+    response = httpx.post(
+        server.url + "/v1/rollouts/batch",
+        content=body,
+        headers={"Content-Type": content_type, "Content-Encoding": "gzip"},
+        timeout=120,
+    )
+    return response, _peak_growth(server, before)
+
+
+def test_a_gzip_ndjson_bomb_of_tiny_items_is_refused_while_it_streams(
+    fresh_server: ServerProcess,
+) -> None:
+    # 20 million `{}` lines: 60 MB decoded (under the 64 MiB body limit), 60 KB on the
+    # wire. Counted as they stream in, the batch is refused at its 10,001st line.
+    response, growth = _post_gzip(fresh_server, b"{}\n" * 20_000_000, "application/x-ndjson")
+    FIGURES.note("request-limits", ndjson_bomb_peak_growth_mib=round(growth / MIB, 1))
+    assert response.status_code == 413, response.text[:300]
+    assert "at most 10000 rollouts" in response.json()["error"]["message"]
+    assert growth <= NO_PAYLOAD_GROWTH, f"peak grew {growth / MIB:.0f} MiB"
+
+
+def test_blank_lines_are_never_held(fresh_server: ServerProcess) -> None:
+    # 30 million blank lines (whitespace only): not items, and never split out one by one.
+    response, growth = _post_gzip(fresh_server, b" \n" * 30_000_000, "application/x-ndjson")
+    FIGURES.note("request-limits", blank_lines_peak_growth_mib=round(growth / MIB, 1))
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["error"]["code"] == "empty_batch"
+    assert growth <= NO_PAYLOAD_GROWTH, f"peak grew {growth / MIB:.0f} MiB"
+
+
+def test_a_gzip_array_bomb_of_tiny_items_is_refused_before_they_are_held(
+    fresh_server: ServerProcess,
+) -> None:
+    # `[10,10,...]`, 20 million elements (60 MB decoded: cheap once parsed, so under the
+    # parsed-size estimate). The array is held whole (under the body limit, charged to the
+    # in-flight bound) but its elements are refused at the 10,001st, before they are
+    # sliced out: ~43 bytes each, 860 MB for all of them.
+    raw = b"[" + b"10," * 19_999_999 + b"10]"
+    response, growth = _post_gzip(fresh_server, raw, "application/json")
+    FIGURES.note("request-limits", array_bomb_peak_growth_mib=round(growth / MIB, 1))
+    assert response.status_code == 413, response.text[:300]
+    assert "at most 10000 rollouts" in response.json()["error"]["message"]
+    # The body, its joined copy and its text: about three times 60 MB, under the 256 MiB
+    # in-flight bound.
+    assert growth <= 256 * MIB, f"peak grew {growth / MIB:.0f} MiB"
+
+
+def test_a_rollout_of_tiny_values_is_refused_before_it_is_parsed(
+    fresh_server: ServerProcess,
+) -> None:
+    # One valid rollout padded to 60 MiB with 20 million empty objects: 60 KB on the wire,
+    # 2 GB once parsed. Its parsed size is estimated as it streams in (24 bytes per byte
+    # for `{},`): refused once the estimate passes TRACESTORE_MAX_PARSED_BYTES (384 MiB),
+    # about 16 MiB in, before anything is parsed.
+    head = (
+        b'{"run_id":"tiny","trajectories":[],"metrics":{"episode_returns":[],'
+        b'"mean_return":0,"num_steps":0},"pad":['
+    )
+    raw = head + b"{}," * 20_000_000 + b"{}]}"
+    body = gzip.compress(raw, compresslevel=9)
+    del raw
+    before = _reset_peak(fresh_server)
+    response = httpx.post(
+        fresh_server.url + "/v1/rollouts",
+        content=body,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        timeout=120,
+    )
+    growth = _peak_growth(fresh_server, before)
+    FIGURES.note("request-limits", tiny_values_rollout_peak_growth_mib=round(growth / MIB, 1))
+    assert response.status_code == 413, response.text[:300]
+    assert "once parsed" in response.json()["error"]["message"]
+    # What was read before the estimate passed the limit (~16 MiB), nothing parsed.
+    assert growth <= 48 * MIB, f"peak grew {growth / MIB:.0f} MiB"

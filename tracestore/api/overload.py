@@ -1,0 +1,230 @@
+"""Graceful overload: database connections are handed out on the event loop, in bounded time.
+
+Sync routes run in Starlette's thread pool (anyio's 40 threads). When requests waited for a
+pooled connection *inside* those threads, a flood filled every thread with waiters while
+the step that gives a connection back, itself run in a thread, waited for a free one:
+nothing moved until SQLAlchemy's pool timeout (30 s), and then every waiter failed with a
+500. Abandoned requests stayed queued and ran their queries for nobody.
+
+Here a request takes a *slot* of a lane before it touches the database. It waits for the
+slot on the event loop (holding no thread) for at most `TRACESTORE_DB_WAIT` seconds, else
+503 `database_busy` with `Retry-After`. A lane never has more slots than connections
+waiting for it, so a request holding a slot gets its connection at once. The lanes:
+
+- `reads`: every route that reads the store (`TRACESTORE_DB_POOL_SIZE` slots);
+- `writes`: ingest (`TRACESTORE_DB_WRITE_CONNECTIONS` slots), so no flood of readers
+  starves producers, nor a flood of producers the readers;
+- `health` (/health, /info) and `metrics` (/metrics): one slot each, on a small engine and
+  threads of their own: the cheap routes never wait behind the pool or the thread pool.
+
+Connections go back through the lane's own threads, never queued behind requests, and
+shielded from cancellation. `AbandonedRequests` cancels a body-less request (every GET)
+whose client has gone: it stops waiting for its slot at once, or, when its query is
+already running, gives its connection back as soon as the query ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar, TypeVarTuple
+
+import anyio
+import anyio.to_thread
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tracestore.db.engine import create_engine
+from tracestore.settings import Settings
+
+log = logging.getLogger("tracestore.api")
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+# Seconds a client should wait after a 503 database_busy.
+BUSY_RETRY_AFTER = 1
+# Connections of the main pool outside the lanes: the store's own background work (the
+# legacy-read flush, the drift page's flush, SQL fallbacks of reports) never waits for a
+# request's slot, and requests never wait for it.
+SPARE_CONNECTIONS = 2
+# Status recorded (in the metrics) for a request whose client left before its answer:
+# nginx's "client closed request". Nothing is sent: there is nobody to send it to.
+CLIENT_CLOSED = 499
+
+
+class DatabaseBusy(Exception):
+    """No database connection came free within the wait: 503 database_busy."""
+
+    def __init__(self, lane: str, waited: float) -> None:
+        super().__init__(f"no {lane} connection came free within {waited:g} s")
+        self.lane = lane
+        self.waited = waited
+
+
+class Lane:
+    """A share of database connections, handed out in turn on the event loop."""
+
+    def __init__(self, name: str, engine: Engine, slots: int, wait: float) -> None:
+        self.name = name
+        self.engine = engine
+        self.slots = slots
+        self.wait = wait
+        self.busy = 0  # requests refused with database_busy
+        self._free = anyio.Semaphore(slots)
+        # The lane's own threads, one per slot: its work and its connections' return
+        # never queue behind other requests for a thread.
+        self._threads = anyio.CapacityLimiter(slots)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one slot; DatabaseBusy when none came free within the lane's wait."""
+        acquired = False
+        with anyio.move_on_after(self.wait):
+            await self._free.acquire()
+            acquired = True
+        if not acquired:
+            self.busy += 1
+            raise DatabaseBusy(self.name, self.wait)
+        try:
+            yield
+        finally:
+            self._free.release()
+
+    async def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        """`fn(*args)` in one of the lane's threads, holding one of its slots."""
+        async with self.slot():
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._threads)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        """A read session on the lane's engine, holding a slot; it connects at first use."""
+        async with self.slot():
+            session = Session(self.engine, expire_on_commit=False)  # no I/O yet
+            try:
+                yield session
+            finally:
+                # Giving the connection back is I/O (a rollback): off the event loop, in
+                # the lane's own threads, and shielded, so a cancelled (abandoned) request
+                # still returns it.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_end, session, limiter=self._threads)
+
+
+def _end(session: Session) -> None:
+    session.rollback()  # a read session never writes
+    session.close()
+
+
+class Lanes:
+    """The lanes of one app, and the engines behind them."""
+
+    def __init__(self, settings: Settings) -> None:
+        wait = settings.db_wait
+        reads, writes = settings.db_pool_size, settings.db_write_connections
+        self.engine = create_engine(
+            settings.database_url, connections=reads + writes + SPARE_CONNECTIONS, wait=wait
+        )
+        # /health and /metrics on an engine of their own: two connections, one each.
+        self.service_engine = create_engine(settings.database_url, connections=2, wait=wait)
+        self.reads = Lane("read", self.engine, reads, wait)
+        self.writes = Lane("write", self.engine, writes, wait)
+        self.health = Lane("health", self.service_engine, 1, wait)
+        self.metrics = Lane("metrics", self.service_engine, 1, wait)
+
+    def busy(self) -> int:
+        """Requests refused with database_busy so far, over every lane."""
+        return sum(lane.busy for lane in (self.reads, self.writes, self.health, self.metrics))
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+        self.service_engine.dispose()
+
+
+def _has_body(scope: Scope) -> bool:
+    for key, value in scope.get("headers", ()):
+        name = key.lower()
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
+class AbandonedRequests:
+    """ASGI middleware: cancels a body-less request whose client left before its answer.
+
+    Such a request reads nothing from its client after the (empty) body, so the
+    disconnect is watched for beside it. Cancelling it ends its wait for a lane's slot at
+    once; a query already running in a thread finishes first (threads cannot be
+    interrupted), then the session's shielded clean-up gives the connection back.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.abandoned = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI call; watch body-less HTTP requests for their client leaving."""
+        if scope["type"] != "http" or _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            await self._record_abandoned(send)
+            return
+        gone = anyio.Event()
+        complete = False
+        delivered = False
+
+        async def app_receive() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return first
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal complete
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                complete = True
+            await send(message)
+
+        abandoned = False
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                nonlocal abandoned
+                # The server answers http.disconnect when the client leaves, and also once
+                # the response is complete: only the first is an abandoned request.
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                gone.set()
+                if not complete:
+                    abandoned = True
+                    group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await self.app(scope, app_receive, tracked_send)
+            finally:
+                group.cancel_scope.cancel()  # the watcher, once the app is done
+        if abandoned:
+            await self._record_abandoned(send)
+
+    async def _record_abandoned(self, send: Send) -> None:
+        self.abandoned += 1
+        # The server drops what is sent to a client that left; the middleware outside
+        # (api/observability.py) records the status instead of a 500.
+        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+
+
+__all__ = [
+    "BUSY_RETRY_AFTER",
+    "AbandonedRequests",
+    "DatabaseBusy",
+    "Lane",
+    "Lanes",
+]

@@ -1,0 +1,225 @@
+"""How `tracestore serve` runs uvicorn: request heads bounded in size and time, and refused
+uploads answered rather than reset.
+
+uvicorn's httptools protocol (its default) takes a request line and headers of any size:
+an 8 MB header line was accepted, and eight unfinished 64 MiB header lines took a worker
+from 140 to 644 MiB. Its keep-alive timeout stops at a request's first byte, so a head sent
+slowly (or a connection that never sends one) is held forever. And when the app closes a
+connection whose request body has not all arrived (a 503 `overloaded`, a 408, ...), the
+socket is closed with unread bytes in it: the kernel answers the client's next bytes with a
+reset, and a client that sends its whole body before reading (most do) sees the reset, not
+the answer. `GuardedHttpToolsProtocol` adds, per connection:
+
+- a limit on the request line plus headers (`TRACESTORE_MAX_HEADER_BYTES`): past it, 431
+  and the connection closes; the head is never held past the limit plus one read;
+- a deadline for them (`TRACESTORE_HEADER_TIMEOUT`), from the connection's opening or its
+  previous answer: past it, 408 (or, before any byte, a silent close);
+- a lingering close: when the connection is closed before its request body has all
+  arrived, the server first finishes its answer and a FIN, then reads and drops what the
+  client still sends, for up to LINGER_IDLE_S between reads and LINGER_TOTAL_S in all,
+  before it closes. Nothing dropped is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, cast
+
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from tracestore.settings import Settings
+
+# How long a closing connection keeps reading (and dropping) the rest of a refused body:
+# at most this long between two reads, and this long in all (nginx's lingering_timeout
+# and lingering_time).
+LINGER_IDLE_S = 5.0
+LINGER_TOTAL_S = 30.0
+
+
+@functools.cache
+def _limits() -> tuple[int, float]:
+    # Workers are separate processes started from the same environment (`tracestore
+    # serve` exports the database URL): read the settings once per process.
+    settings = Settings()
+    return settings.max_header_bytes, settings.header_timeout
+
+
+def _error_response(status: int, reason: bytes, code: str, message: str) -> bytes:
+    body = orjson.dumps({"error": {"code": code, "message": message}})
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, reason),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+class _ClosingTransport:
+    """The transport as one request's cycle sees it: its close lingers (see above)."""
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self._cycle = cycle
+        self._transport = protocol.transport
+
+    def write(self, data: bytes) -> None:
+        """Write to the connection."""
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        """True once the connection is closing."""
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        """Close, lingering when the request's body has not all arrived."""
+        self._protocol.close_after_answer(unread_body=self._cycle.more_body)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with bounded request heads and a lingering close."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.max_head, self.head_timeout = _limits()
+        self._in_head = True  # the next bytes belong to a request's line and headers
+        self._head_bytes = 0  # how many of them came so far
+        self._heads = 0  # heads completed on this connection
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger_deadline = 0.0
+
+    # --- the head -------------------------------------------------------------------------
+
+    # uvicorn's own override takes asyncio.Transport where asyncio says BaseTransport.
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Start the deadline for the first request's head."""
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self._lingering:
+            return
+        if self._in_head and self._head_bytes:
+            message = f"the request line and headers took more than {self.head_timeout:g} s"
+            self._refuse(408, b"Request Timeout", "request_timeout", message)
+        else:
+            # Idle before any byte of a request, or still sending a body nobody reads.
+            self.close_after_answer(unread_body=not self._in_head)
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser; count the bytes of an unfinished head; drop data while lingering."""
+        if self._lingering:
+            self._dropped()
+            return
+        in_head, heads = self._in_head, self._heads
+        super().data_received(data)
+        if in_head and self._in_head and self._heads == heads and not self.transport.is_closing():
+            # All of `data` went into one request head that is still open.
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head:
+                message = f"the request line and headers exceed {self.max_head} bytes"
+                self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
+
+    def on_headers_complete(self) -> None:
+        """The head is whole: stop its clock and count; the app takes it from here."""
+        self._heads += 1
+        self._in_head = False
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = cast(asyncio.Transport, _ClosingTransport(self, self.cycle))
+
+    def on_message_complete(self) -> None:
+        """The request is whole: the next bytes start a new head."""
+        super().on_message_complete()
+        self._in_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        """After an answer, the next request's head has its own deadline."""
+        super().on_response_complete()
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.transport.is_closing() and not self._lingering:
+            self._arm_head_timer()
+
+    def _refuse(self, status: int, reason: bytes, code: str, message: str) -> None:
+        self.logger.warning("refused a request head: %s", message)
+        self.transport.write(_error_response(status, reason, code, message))
+        self.close_after_answer(unread_body=True)
+
+    # --- closing --------------------------------------------------------------------------
+
+    def close_after_answer(self, *, unread_body: bool) -> None:
+        """Close the connection; first linger when the client may still be sending."""
+        if self.transport.is_closing() or self._lingering:
+            return
+        if not unread_body or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        # The answer, then a FIN; what the client still sends is read and dropped, so its
+        # kernel never turns our close into a reset that destroys the answer.
+        self._lingering = True
+        self._cancel_head_timer()
+        self._unset_keepalive_if_required()
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self._linger_deadline = self.loop.time() + LINGER_TOTAL_S
+        self._dropped()
+
+    def _dropped(self) -> None:
+        # Data came (or lingering began): wait LINGER_IDLE_S more, within the total.
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        left = self._linger_deadline - self.loop.time()
+        self._linger_timer = self.loop.call_later(
+            max(0.0, min(LINGER_IDLE_S, left)), self.transport.close
+        )
+
+    def eof_received(self) -> None:
+        """The client finished sending: a lingering connection closes now."""
+        if self._lingering:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the connection's clocks."""
+        self._cancel_head_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        super().connection_lost(exc)
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """The options `tracestore serve` gives uvicorn.run (besides host, port, workers)."""
+    return {"http": GuardedHttpToolsProtocol}
+
+
+__all__ = ["GuardedHttpToolsProtocol", "uvicorn_options"]
