@@ -16,18 +16,22 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from tracestore.db import migrate
 from tracestore.db.base import Base
 from tracestore.db.engine import create_engine as store_engine
+from tracestore.ingest.service import prepare
 from tracestore.settings import Settings
+from tracestore.store.rollouts import IngestResult, store_many
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EXAMPLES = Path(
@@ -176,10 +180,28 @@ def session_engine(database: Database) -> Iterator[Engine]:
     engine.dispose()
 
 
+def _nonempty_tables(conn: Connection) -> set[str]:
+    """The tables that hold at least one row (one round trip)."""
+    probes = " UNION ALL ".join(
+        f"SELECT '{t.name}' FROM (SELECT 1 FROM {t.name} LIMIT 1) AS probe_{i}"
+        for i, t in enumerate(Base.metadata.sorted_tables)
+    )
+    return set(conn.execute(text(probes)).scalars())
+
+
 def wipe(engine: Engine) -> None:
-    """Delete every row of every table (between tests)."""
-    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    """Delete every row of every table (between tests).
+
+    One query when the store is already empty, as it is before most tests (the one before
+    wiped after itself): TRUNCATE costs ~40 ms on PostgreSQL even then. TRUNCATE, not
+    DELETE, when there are rows: a DELETE of the parents runs a foreign-key check per row
+    over children's dead rows (trace_events.time_step_pk has no index), which took tens
+    of seconds after the backfill tests.
+    """
     with engine.begin() as conn:
+        if not _nonempty_tables(conn):
+            return
+        tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
         else:
@@ -187,13 +209,13 @@ def wipe(engine: Engine) -> None:
                 conn.execute(text(f"DELETE FROM {table}"))
 
 
-def row_counts(engine: Engine) -> dict[str, int]:
+def row_counts(bind: Engine | Connection) -> dict[str, int]:
     """Rows in every table that holds rollout data.
 
     `legacy_reads` is left out: live servers flush their read counters every few seconds,
-    whichever test is running.
+    whichever test is running. Given a connection, counts what its transaction sees.
     """
-    with engine.connect() as conn:
+    with bind.connect() if isinstance(bind, Engine) else nullcontext(bind) as conn:
         return {
             t.name: conn.execute(text(f"SELECT count(*) FROM {t.name}")).scalar_one()
             for t in Base.metadata.sorted_tables
@@ -203,10 +225,114 @@ def row_counts(engine: Engine) -> dict[str, int]:
 
 @pytest.fixture
 def engine(session_engine: Engine) -> Iterator[Engine]:
-    """The store's engine, on an empty store (wiped after the test)."""
+    """The store's engine, on an empty store (wiped after the test).
+
+    For tests whose writes must be committed: a live server, another process or thread,
+    or DuckDB reads them. Tests of store code that runs on a connection take
+    `connection` or `session` instead: rolled back, nothing to wipe.
+    """
     wipe(session_engine)
     yield session_engine
     wipe(session_engine)
+
+
+@pytest.fixture
+def connection(session_engine: Engine) -> Iterator[Connection]:
+    """A connection to the empty store, in a transaction rolled back after the test.
+
+    SQLAlchemy's "joining a Session into an external transaction" recipe (the `session`
+    fixture joins it): nothing the test writes is ever committed, so no other connection
+    sees it and there is nothing to wipe.
+    """
+    wipe(session_engine)  # one query when, as usual, the store is already empty
+    with session_engine.connect() as conn:
+        outer = conn.begin()
+        try:
+            yield conn
+        finally:
+            outer.rollback()
+
+
+@pytest.fixture
+def session(connection: Connection) -> Iterator[Session]:
+    """A session on `connection`: its commits and rollbacks are savepoints of the test's
+    transaction (join_transaction_mode="create_savepoint"), so store code that commits
+    or rolls back behaves as it does on its own, and the test's transaction still ends in
+    a rollback."""
+    with Session(
+        bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False
+    ) as session:
+        yield session
+
+
+def store_raw(conn: Connection, raw: bytes) -> IngestResult:
+    """Ingest one document on `conn`, in the caller's transaction: what `ingest_bytes` does
+    inside the transaction it opens (prepare, then store_many)."""
+    return store_many(conn, [prepare(raw)])[0]
+
+
+def previous_revision() -> str:
+    """The schema revision before head: where a store not yet upgraded to this code is."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    head = script.get_revision(migrate.head_revision())
+    down = head.down_revision if head is not None else None
+    assert isinstance(down, str), head
+    return down
+
+
+def hold_back(url: str) -> str:
+    """Make the store at `url` one the previous release left: a run stored, the schema one
+    revision behind head. Returns that revision."""
+    from tracestore.ingest.service import ingest_bytes
+
+    engine = store_engine(url)
+    try:
+        migrate.upgrade(engine)
+        ingest_bytes(engine, json.dumps(minimal_rollout("stored-before")).encode())
+        migrate.downgrade(engine, previous_revision())
+    finally:
+        engine.dispose()
+    return previous_revision()
+
+
+@contextmanager
+def write_fault(engine: Engine, table: str, run_id: str) -> Iterator[None]:
+    """While open, inserting a row of the run `run_id` into `table` fails inside the write.
+
+    A trigger in the database, so it fires for every writer (this process, a live server,
+    SQLAlchemy statements and the driver-level bulk writes alike). It finds the run through
+    the row's `run_pk`, so it fires only once the run's own row is written in the same
+    transaction: the fault is mid-rollout by construction.
+    """
+    name = "tracestore_test_fault"
+    quoted = run_id.replace("'", "''")
+    if engine.dialect.name == "postgresql":
+        create = [
+            f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF (SELECT run_id FROM runs WHERE id = NEW.run_pk) = '{quoted}' THEN "
+            f"RAISE EXCEPTION 'injected fault on {table}'; END IF; RETURN NEW; END $$",
+            f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+        ]
+        drop = [f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {name}()"]
+    else:
+        create = [
+            f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
+            f"WHEN (SELECT run_id FROM runs WHERE id = NEW.run_pk) = '{quoted}' "
+            f"BEGIN SELECT RAISE(ABORT, 'injected fault on {table}'); END"
+        ]
+        drop = [f"DROP TRIGGER IF EXISTS {name}"]
+    with engine.begin() as conn:
+        for statement in create:
+            conn.exec_driver_sql(statement)
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            for statement in drop:
+                conn.exec_driver_sql(statement)
 
 
 def minimal_rollout(run_id: str, reward: float = 1.0, **extra: Any) -> dict[str, Any]:

@@ -183,8 +183,8 @@ def events(draw: st.DrawFn, step_id: str) -> dict[str, Any]:
 @st.composite
 def full_traces(draw: st.DrawFn) -> dict[str, Any]:
     n = draw(st.integers(0, 3))
-    time_steps = []
-    history = []
+    time_steps: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []
     for i in range(n):
         step_events = draw(st.lists(events(f"decision_{i}"), max_size=2))
         history.extend(step_events)

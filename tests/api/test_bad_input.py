@@ -11,7 +11,14 @@ import orjson
 import pytest
 from sqlalchemy import Engine
 
-from tests.conftest import Database, Example, LiveServer, minimal_rollout, row_counts
+from tests.conftest import (
+    Database,
+    Example,
+    LiveServer,
+    minimal_rollout,
+    row_counts,
+    write_fault,
+)
 from tracestore.settings import Settings
 
 SMALL_LIMIT = 64 * 1024
@@ -66,6 +73,25 @@ CASES: list[tuple[str, bytes, int, str, str]] = [
         "trace.event_history[0].reward",
     ),
     (
+        # Valid envelope and trajectories; the bad value is the trace's last: validation
+        # reads the whole document before anything is written.
+        "bad value late in the trace",
+        orjson.dumps(
+            _with(
+                ("trace",),
+                {
+                    "session_time_steps": [
+                        {"events": [{"reward": 1.0}]},
+                        {"events": [{"reward": 1.0, "input_tokens": "many"}]},
+                    ]
+                },
+            )
+        ),
+        422,
+        "invalid_rollout",
+        "input_tokens",
+    ),
+    (
         "100,000-deep nesting",
         b'{"run_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         400,
@@ -111,14 +137,39 @@ def test_unknown_content_encoding_is_415(http: httpx.Client, engine: Engine) -> 
     assert response.status_code == 415
 
 
-def test_corrupt_gzip_is_400(http: httpx.Client, engine: Engine) -> None:
+# A body that cannot be decoded is malformed, like one that is not JSON: 400 `invalid_json`
+# (the OpenAPI text of 400 says "or a corrupt gzip body"), not 422, which this API keeps for
+# well-formed input that is not a valid rollout or request.
+GZIP_STATUS_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="api/body.py raises InvalidRequest (422 invalid_request) for a corrupt gzip body",
+)
+
+
+@GZIP_STATUS_BUG
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 16, "corrupt"),  # bad deflate
+        (gzip.compress(orjson.dumps(_valid()))[:-10], "truncated"),
+        (orjson.dumps(_valid()), "corrupt"),  # plain JSON labelled gzip
+    ],
+    ids=["garbage", "truncated", "not gzip"],
+)
+@pytest.mark.parametrize("path", ["/v1/rollouts", "/v1/rollouts/batch"])
+def test_corrupt_gzip_is_400(
+    http: httpx.Client, engine: Engine, body: bytes, problem: str, path: str
+) -> None:
     response = http.post(
-        "/v1/rollouts",
-        content=b"\x1f\x8b\x08\x00garbage",
+        path,
+        content=body,
         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
     )
-    assert response.status_code in (400, 422)
-    assert response.json()["error"]["message"].startswith("the gzip body")
+    error = response.json()["error"]
+    assert error["message"].startswith(f"the gzip body is {problem}"), error
+    assert response.status_code == 400, response.text
+    assert error["code"] == "invalid_json"
+    assert set(row_counts(engine).values()) == {0}
 
 
 @pytest.fixture(scope="module")
@@ -176,21 +227,42 @@ def test_over_limit_without_content_length_is_413(small_server: LiveServer, engi
     assert set(row_counts(engine).values()) == {0}
 
 
-def test_failure_mid_rollout_rolls_back_whole(http: httpx.Client, engine: Engine) -> None:
-    # Valid envelope and trajectories, but the trace holds a bad value after steps were
-    # projected: the whole rollout is refused and no row of it remains.
-    doc = _valid()
-    doc["trace"] = {
-        "session_time_steps": [
-            {"events": [{"reward": 1.0}]},
-            {"events": [{"reward": 1.0, "input_tokens": "many"}]},
-        ]
-    }
-    response = http.post("/v1/rollouts", content=orjson.dumps(doc))
-    assert response.status_code == 422
-    assert "input_tokens" in response.json()["error"]["message"]
-    assert set(row_counts(engine).values()) == {0}
-    assert http.get("/v1/rollouts/run-bad-input").status_code == 404
+# Every table a rollout with trajectories and a full trace writes, in write order.
+ROLLOUT_TABLES = (
+    "runs",
+    "run_documents",
+    "trajectories",
+    "steps",
+    "traces",
+    "trace_time_steps",
+    "trace_events",
+    "trace_messages",
+)
+
+
+def test_failure_mid_rollout_rolls_back_whole(
+    http: httpx.Client, engine: Engine, examples: list[Example]
+) -> None:
+    # A crafter rollout: trajectories and a full trace with messages, the last rows written.
+    ex = min(
+        (e for e in examples if e.label["kind"] == "crafter" and e.label["trace_kind"] == "full"),
+        key=lambda e: len(e.raw),
+    )
+    raw = orjson.dumps(dict(ex.doc, run_id="rollback-probe"))
+    with write_fault(engine, "trace_messages", "rollback-probe"):
+        # The run, its document, trajectories, steps, trace, time steps and events are
+        # written when the first message fails: the whole rollout must be undone. (On a
+        # client of its own: the server closes a connection after a 500.)
+        with httpx.Client(base_url=http.base_url, timeout=60) as once:
+            response = once.post("/v1/rollouts", content=raw)
+        assert set(row_counts(engine).values()) == {0}
+        assert http.get("/v1/rollouts/rollback-probe").status_code == 404
+        assert response.status_code == 500, response.text
+        assert response.json()["error"]["code"] == "internal_error"
+    # Without the fault the same request writes rows in every one of those tables.
+    assert http.post("/v1/rollouts", content=raw).status_code == 201
+    counts = row_counts(engine)
+    assert {t: counts[t] > 0 for t in ROLLOUT_TABLES} == dict.fromkeys(ROLLOUT_TABLES, True)
 
 
 def test_examples_still_ingest_after_refusals(http: httpx.Client, examples: list[Example]) -> None:

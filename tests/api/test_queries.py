@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from tests.conftest import Example
+
+Param = str | int | float | bool | None  # a query parameter's value, as httpx takes it
 
 
 @pytest.fixture
@@ -19,7 +22,7 @@ def loaded(http: httpx.Client, examples: list[Example]) -> list[Example]:
     return created
 
 
-def _all_pages(http: httpx.Client, **params: object) -> list[dict[str, object]]:
+def _all_pages(http: httpx.Client, **params: Param) -> list[dict[str, object]]:
     items: list[dict[str, object]] = []
     cursor = None
     while True:
@@ -55,10 +58,10 @@ def test_summary_fields(http: httpx.Client, loaded: list[Example]) -> None:
 
 
 def test_filters(http: httpx.Client, loaded: list[Example]) -> None:
-    def ids(**params: object) -> set[object]:
+    def ids(**params: Param) -> set[object]:
         return {i["run_id"] for i in _all_pages(http, limit=1000, **params)}
 
-    def expected(pred) -> set[str]:  # type: ignore[no-untyped-def]
+    def expected(pred: Callable[[Example], bool]) -> set[str]:
         return {ex.label["run_id"] for ex in loaded if pred(ex)}
 
     assert ids(trace_kind="summary") == expected(lambda e: e.label["trace_kind"] == "summary")
@@ -82,7 +85,7 @@ def test_filters(http: httpx.Client, loaded: list[Example]) -> None:
     "params",
     [{"limit": 0}, {"limit": 1001}, {"cursor": "not-a-cursor"}, {"since": "yesterday"}],
 )
-def test_bad_parameters_are_422(http: httpx.Client, params: dict[str, object]) -> None:
+def test_bad_parameters_are_422(http: httpx.Client, params: dict[str, Param]) -> None:
     response = http.get("/v1/rollouts", params=params)
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_request"

@@ -153,7 +153,7 @@ def _unwrap(trace: Any) -> dict[str, Any] | None:
     return None
 
 
-def _events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _events(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     history = [e for e in trace.get("event_history") or [] if isinstance(e, Mapping)]
     if history:
         return history
@@ -161,7 +161,7 @@ def _events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [e for s in steps if isinstance(s, Mapping) for e in s.get("events") or []]
 
 
-def _messages(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _messages(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     history = trace.get("markov_blanket_message_history") or []
     if history:
         return [m for m in history if isinstance(m, Mapping)]
@@ -171,11 +171,11 @@ def _messages(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _env_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _env_events(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [e for e in _events(trace) if {"reward", "terminated", "truncated"} & e.keys()]
 
 
-def _lm_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _lm_events(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [e for e in _events(trace) if {"model_name", "provider", "call_records"} & e.keys()]
 
 
@@ -195,7 +195,8 @@ def _trace_parts(trace: Mapping[str, Any]) -> dict[str, Any]:
         "lm token counts": [e.get("total_tokens") for e in lm if e.get("total_tokens")],
     }
     for m in _messages(trace):
-        kind = f"messages:{_ROLE_OF_TYPE.get(m.get('message_type'), m.get('message_type'))}"
+        mtype = m.get("message_type")
+        kind = f"messages:{_ROLE_OF_TYPE.get(mtype, mtype) if isinstance(mtype, str) else mtype}"
         parts.setdefault(kind, []).append(m)
     return parts
 
@@ -473,9 +474,9 @@ def reduce(source: str, runs: list[Run]) -> Figures:
     served_mismatch = []
     for r in runs:
         for part, variant in (("trajectories", TO_TRAJECTORIES), ("trace", TO_TRACE)):
-            _status, source, data = r.served[part]
+            _status, served_from, data = r.served[part]
             conv = r.converted.get(variant)
-            if source == "converted" and (
+            if served_from == "converted" and (
                 conv is None or _sans_created_at(conv.get(part)) != _sans_created_at(data)
             ):
                 served_mismatch.append(f"{r.run_id} {part}")

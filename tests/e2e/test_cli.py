@@ -14,8 +14,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
-from tests.conftest import EXAMPLES, Database, Example, LiveServer, free_port, wipe
+from tests.conftest import (
+    EXAMPLES,
+    Database,
+    Example,
+    LiveServer,
+    _PgDatabases,
+    free_port,
+    hold_back,
+    new_database,
+    wipe,
+)
+from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
 
@@ -23,7 +35,7 @@ TRACESTORE = shutil.which("tracestore", path=str(Path(sys.executable).parent)) o
 
 
 def run(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [TRACESTORE, *args],
@@ -31,7 +43,7 @@ def run(
         text=True,
         cwd=cwd,
         env=env,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
 
@@ -112,10 +124,15 @@ def test_ingest_into_a_running_server(
         engine.dispose()
 
 
-def test_ingest_into_an_unreachable_server(tmp_path: Path) -> None:
-    done = run("ingest", str(EXAMPLES / "labels.jsonl"), "--url", f"http://127.0.0.1:{free_port()}")
+def test_ingest_into_an_unreachable_server(tmp_path: Path, examples: list[Example]) -> None:
+    # Valid rollouts (no conflict among them): the only reason to fail is the server.
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(b"\n".join(ex.raw for ex in examples[:3]))
+    url = f"http://127.0.0.1:{free_port()}"
+    done = run("ingest", str(rollouts), "--url", url)
     assert done.returncode == 2
-    assert "error:" in done.stderr
+    assert done.stderr.strip().startswith(f"error: cannot reach {url}"), done.stderr
+    assert "rollouts:" not in done.stdout  # no summary: nothing was sent
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> httpx.Response:
@@ -149,15 +166,34 @@ def test_serve_creates_and_migrates_a_new_sqlite_file(tmp_path: Path) -> None:
         proc.wait(timeout=30)
 
 
-def test_serve_refuses_a_stale_schema(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'stale.db'}"
-    assert run("db", "upgrade", "--db", db).returncode == 0
-    assert run("db", "downgrade", "base", "--db", db).returncode == 0
-    done = run("serve", "--db", db, "--port", str(free_port()))
-    assert done.returncode == 1
-    assert "run 'tracestore db upgrade'" in done.stderr
+def test_a_store_at_the_previous_revision_is_refused_with_the_fix(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
+) -> None:
+    # A store the previous release left (a run in it), used by this release's commands.
+    db = new_database(backend, "stale", tmp_path_factory, pg_databases).url
+    held_at = hold_back(db)
+    fix = f"database is at {held_at}, code expects {migrate.head_revision()}: "
+    fix += "run 'tracestore db upgrade'"
+    # A refusal is immediate; a server that starts instead would run until the timeout.
+    served = run("serve", "--db", db, "--port", str(free_port()), timeout=60)
+    assert served.returncode == 1
+    assert fix in served.stderr
     check = run("db", "check", "--db", db)
     assert check.returncode == 1
+    assert fix in check.stdout + check.stderr
+    ingested = run("ingest", str(EXAMPLES / "rollouts.jsonl"), "--db", db)
+    assert ingested.returncode == 1
+    assert fix in ingested.stderr
+    # Refused, not migrated behind the owner's back, and nothing written.
+    engine = create_engine(db)
+    try:
+        assert migrate.current_revision(engine) == held_at
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT run_id FROM runs")).scalars().all() == [
+                "stored-before"
+            ]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("verb", [["show", "x"], ["cid", "x"]])

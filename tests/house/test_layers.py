@@ -21,6 +21,7 @@ FLOORS: dict[str, int] = {
     # services
     "ingest": 4,
     "drift": 4,
+    "inspect": 4,
     "reports": 4,
     "backfill": 4,
     "metrics": 4,
@@ -53,6 +54,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

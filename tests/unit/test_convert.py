@@ -640,15 +640,15 @@ def test_a_conversion_that_gives_nothing_never_replaces_a_real_part() -> None:
         assert conv.action == "kept"
     # A trace-only rollout: its empty trajectories make no trace; its real one is kept.
     _, trace_only, _ = TRACE_ONLY[0]
-    new_doc, conv = convert_document(trace_only, to="trace", replace=True)
+    new_doc, to_trace = convert_document(trace_only, to="trace", replace=True)
     assert new_doc["trace"] is trace_only["trace"]
-    assert conv.action == "kept"
-    assert "no steps" in conv.warnings[0]
+    assert to_trace.action == "kept"
+    assert "no steps" in to_trace.warnings[0]
     # Filling a missing part from a source with nothing: empty, and said.
     legacy_empty = {**trace_only, "trace": None}
-    filled, conv = convert_document(legacy_empty, to="trace")
+    filled, to_trace = convert_document(legacy_empty, to="trace")
     assert filled["trace"]["session_time_steps"] == []
-    assert (conv.action, bool(conv.warnings)) == ("filled", True)
+    assert (to_trace.action, bool(to_trace.warnings)) == ("filled", True)
 
 
 def test_a_legacy_only_rollout_converts_losslessly() -> None:

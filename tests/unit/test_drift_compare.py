@@ -120,8 +120,8 @@ def _perturb_calls(calls: Any) -> list[Any]:
     """Change the first call's arguments in its own dialect (or invent a call)."""
     if not isinstance(calls, list) or not calls:
         return [{"tool_name": "injected_tool", "arguments": {}}]
-    calls = copy.deepcopy(calls)
-    call = calls[0]
+    copied = copy.deepcopy(calls)
+    call = copied[0]
     holder, key = call, None
     if isinstance(call.get("function"), dict):
         holder, key = call["function"], "arguments"
@@ -135,7 +135,7 @@ def _perturb_calls(calls: Any) -> list[Any]:
     args = json.loads(raw) if isinstance(raw, str) else raw
     args = {**args, "__injected__": 1} if isinstance(args, dict) else {"__injected__": 1}
     holder[key] = json.dumps(args) if isinstance(raw, str) else args
-    return calls
+    return copied
 
 
 def inject(doc: dict[str, Any], kind: str, position: int) -> Location:
@@ -211,7 +211,7 @@ def test_crafter_single_injection(kind: str) -> None:
 # The Sokoban example (wrapped trace, tool calls in the environment event's metadata and in
 # `action` messages) has no system_state_before: its observations are `observation`
 # messages, which the comparison reads, so an obs change is found there too.
-SOKOBAN_IMPLIED = {kind: {kind} for kind in DRIFT_KINDS}
+SOKOBAN_IMPLIED: dict[str, set[str]] = {kind: {kind} for kind in DRIFT_KINDS}
 
 
 @needs_examples

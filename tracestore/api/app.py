@@ -11,12 +11,14 @@ from fastapi.openapi.utils import get_openapi
 
 from tracestore import __version__
 from tracestore.api import limits
-from tracestore.api.deps import AppState, require_api_key, require_metrics_key
+from tracestore.api.deps import AppState, read_slot, require_api_key, require_metrics_key
 from tracestore.api.errors import install_error_handlers
+from tracestore.api.observability import Observability, ObservabilityMiddleware
+from tracestore.api.overload import Lanes
+from tracestore.api.pages.install import install as install_pages
 from tracestore.api.params import only_declared_query
-from tracestore.api.routes import convert, drift, reports, rollouts, service
+from tracestore.api.routes import convert, drift, inspect, reports, rollouts, service
 from tracestore.db import migrate
-from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
 from tracestore.wire.rollout import RolloutIn
 
@@ -47,18 +49,24 @@ def _use_error_shape_for_validation(schema: dict[str, Any]) -> None:
 def create_app(settings: Settings | None = None, *, check_schema: bool = True) -> FastAPI:
     """Build the API over the store named by `settings` (read from the environment if None)."""
     settings = settings or Settings()
+    # Counted from the first request on; the lifespan hands it to the AppState.
+    observability = Observability()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_engine(settings.database_url)
+        # The engines, and their connections handed out by lane (api/overload.py).
+        lanes = Lanes(settings)
+        engine = lanes.engine
         if check_schema:
             # Refuse to serve a stale schema, with the fix in the message.
             migrate.check_schema(engine)
-        app.state.tracestore = AppState(settings=settings, engine=engine)
+        app.state.tracestore = AppState(
+            settings=settings, engine=engine, observability=observability, lanes=lanes
+        )
         try:
             yield
         finally:
-            engine.dispose()
+            lanes.dispose()
 
     app = FastAPI(
         title="tracestore",
@@ -67,6 +75,8 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         lifespan=lifespan,
         # Every route refuses query parameters it does not declare (api/params.py).
         dependencies=[Depends(only_declared_query)],
+        docs_url=None,  # /docs and /redoc are served offline (api/pages/docs.py)
+        redoc_url=None,
     )
     install_error_handlers(app)
     limits.install(app, settings)
@@ -76,11 +86,14 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     # its `{run_id:path}` would match them too (api/params.py).
     app.include_router(convert.router, dependencies=keyed)
     app.include_router(drift.router, dependencies=keyed)
-    app.include_router(reports.router, dependencies=keyed)
+    # Reports reach the store through their own connections: a read slot bounds them.
+    app.include_router(reports.router, dependencies=[*keyed, Depends(read_slot)])
     app.include_router(rollouts.router, dependencies=keyed)
     app.include_router(drift.pages, dependencies=keyed)
+    app.include_router(inspect.router, dependencies=keyed)
+    install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)
     app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
-    drift.install(app)
+    app.add_middleware(ObservabilityMiddleware, state=observability)
 
     def openapi() -> dict[str, Any]:
         # Rollout bodies are read raw (to store them as received), so FastAPI does not see

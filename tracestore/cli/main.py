@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +26,13 @@ from tracestore.cli.common import (
 )
 from tracestore.cli.demo import demo
 from tracestore.cli.ingest import ingest
+from tracestore.cli.remote import (
+    ReadKeyOption,
+    ReadUrlOption,
+    print_runs,
+    remote_client,
+    server_url,
+)
 
 app = typer.Typer(
     name="tracestore",
@@ -82,6 +89,7 @@ def serve(
     """Run the HTTP API (a new SQLite database file is created and migrated first)."""
     import uvicorn
 
+    from tracestore.api.server import uvicorn_options
     from tracestore.db import migrate
 
     settings = settings_for(db)
@@ -107,6 +115,8 @@ def serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        # Request heads bounded in size and time, refused uploads answered (api/server.py).
+        **uvicorn_options(),
     )
 
 
@@ -114,20 +124,30 @@ def serve(
 def show(
     run_id: Annotated[str, typer.Argument(help="The rollout's run_id.")],
     db: DbOption = None,
+    url: ReadUrlOption = None,
+    api_key: ReadKeyOption = None,
     pretty: Annotated[
         bool | None,
         typer.Option("--pretty/--raw", help="Indent the JSON (default: when on a terminal)."),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the document exactly as received (as --raw).")
+    ] = False,
 ) -> None:
-    """Print a stored rollout exactly as it was received."""
-    from tracestore.db.uow import read_session
-    from tracestore.store.runs import get_document
+    """Print a stored rollout exactly as it was received (from --db, or a server at --url)."""
+    remote = server_url(db, url)
+    if remote is not None:
+        with remote_client(remote, api_key) as client:
+            raw = client.get_rollout_bytes(run_id)
+    else:
+        from tracestore.db.uow import read_session
+        from tracestore.store.runs import get_document
 
-    with reported_errors():
-        engine = open_store(db, create_new_sqlite=False)
-        with read_session(engine) as session:
-            raw = get_document(session, run_id)
-    if pretty if pretty is not None else stdout_is_terminal():
+        with reported_errors():
+            engine = open_store(db, create_new_sqlite=False)
+            with read_session(engine) as session:
+                raw = get_document(session, run_id)
+    if not as_json and (pretty if pretty is not None else stdout_is_terminal()):
         import orjson
 
         console.print_json(orjson.dumps(orjson.loads(raw)).decode())
@@ -137,41 +157,154 @@ def show(
 
 @app.command()
 def cid(
-    correlation_id: Annotated[str, typer.Argument(metavar="CID", help="A correlation id.")],
+    correlation_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="CID",
+            help="A correlation id, or an inference URL (or a log line) holding one: it is "
+            "read with ingest's rules (?cid=, ?trace_correlation_id=, ?trace=).",
+        ),
+    ],
     db: DbOption = None,
+    url: ReadUrlOption = None,
+    api_key: ReadKeyOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Print the runs of a correlation id (canonical or any trajectory's)."""
-    from tracestore.db.uow import read_session
-    from tracestore.store.runs import runs_by_correlation
+    from tracestore.correlation import cid_in_text
 
-    with reported_errors():
-        engine = open_store(db, create_new_sqlite=False)
-        with read_session(engine) as session:
-            matched, runs = runs_by_correlation(session, correlation_id)
+    # A pasted URL names its cid; anything else is the cid itself.
+    wanted = cid_in_text(correlation_id) or correlation_id
+    remote = server_url(db, url)
+    if remote is not None:
+        with remote_client(remote, api_key) as client:
+            body = client.find_by_cid(wanted)
+        matched, runs = body["matched_correlation_id"], body["runs"]
+    else:
+        from tracestore.db.uow import read_session
+        from tracestore.store.runs import runs_by_correlation
+
+        with reported_errors():
+            engine = open_store(db, create_new_sqlite=False)
+            with read_session(engine) as session:
+                matched, runs = runs_by_correlation(session, wanted)
     if as_json:
         import orjson
 
-        body = {"correlation_id": correlation_id, "matched_correlation_id": matched, "runs": runs}
+        body = {"correlation_id": wanted, "matched_correlation_id": matched, "runs": runs}
         typer.echo(orjson.dumps(body).decode())
         return
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
+    shown = wanted if matched == wanted else f"{wanted} (as {matched})"
+    if wanted != correlation_id:
+        shown += " (read from the URL)"
+    print_runs(f"runs of {shown}", runs)
 
-    # Titles and cells are markup to Rich: ids like '[/x]' are shown as text.
-    shown = correlation_id if matched == correlation_id else f"{correlation_id} (as {matched})"
-    table = Table(title=f"runs of {escape(shown)}")
-    for column in ("run_id", "source", "received_at", "trace", "steps", "envs", "mean_return"):
-        table.add_column(column)
-    for r in runs:
-        table.add_row(
-            Text(r["run_id"]),
-            r["correlation_source"] or "-",
-            r["received_at"].isoformat(timespec="seconds"),
-            r["trace_kind"] or "-",
-            str(r["n_steps"]),
-            Text(",".join(r["env_ids"]) or "-"),
-            "-" if r["mean_return"] is None else f"{r['mean_return']:g}",
+
+@app.command()
+def runs(
+    env: Annotated[str | None, typer.Option("--env", help="Runs of this env_id.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Runs of this policy_id.")] = None,
+    correlation_id: Annotated[
+        str | None, typer.Option("--cid", help="Runs of this correlation id.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Runs received at or after this time: an ISO date or time (UTC if no zone) "
+            "or a duration back from now: 30m, 12h, 7d, 2w."
+        ),
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Runs received before this time.")] = None,
+    trace_kind: Annotated[
+        str | None,
+        typer.Option(help="full, wrapped, summary, db_row, empty or unknown."),
+    ] = None,
+    has_trajectories: Annotated[
+        bool | None,
+        typer.Option(
+            "--has-trajectories/--no-trajectories",
+            help="Only runs with (or without) trajectories.",
+            show_default=False,
+        ),
+    ] = None,
+    has_drift: Annotated[
+        bool | None,
+        typer.Option(
+            "--has-drift/--no-drift", help="Only runs with (or without) drift.", show_default=False
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Runs per page.")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option(help="Start after this cursor (printed under a page).")
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every matching run, following the cursor.")
+    ] = False,
+    db: DbOption = None,
+    url: ReadUrlOption = None,
+    api_key: ReadKeyOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print `{items, next_cursor}` as JSON.")
+    ] = False,
+) -> None:
+    """List runs, newest first, with the filters of GET /v1/rollouts (one page, or --all)."""
+    from tracestore.cli.drift import parse_when
+
+    # Checked here too, so a typo is one line whatever answers (the server uses the same
+    # grammar).
+    start, end = parse_when(since, "--since"), parse_when(until, "--until")
+    items: list[dict[str, Any]] = []
+    next_cursor = cursor
+    remote = server_url(db, url)
+    if remote is not None:
+        from tracestore.client import RunFilters
+
+        wanted = RunFilters(
+            correlation_id=correlation_id,
+            env_id=env,
+            policy_id=policy,
+            since=since,
+            until=until,
+            trace_kind=trace_kind,
+            has_trajectories=has_trajectories,
+            has_drift=has_drift,
         )
-    console.print(table)
+        with remote_client(remote, api_key) as client:
+            while True:
+                page = client.list_runs(wanted, limit=limit, cursor=next_cursor)
+                items += page["items"]
+                next_cursor = page.get("next_cursor")
+                if not every or next_cursor is None:
+                    break
+    else:
+        from tracestore.db.uow import read_session
+        from tracestore.store.runs import RunFilter, list_runs
+
+        with reported_errors():
+            engine = open_store(db, create_new_sqlite=False)
+            f = RunFilter(
+                correlation_id=correlation_id,
+                env_id=env,
+                policy_id=policy,
+                since=start,
+                until=end,
+                trace_kind=trace_kind,
+                has_trajectories=has_trajectories,
+                has_drift=has_drift,
+            )
+            with read_session(engine) as session:
+                while True:
+                    found, next_cursor = list_runs(session, f, limit=limit, cursor=next_cursor)
+                    items += found
+                    if not every or next_cursor is None:
+                        break
+    if as_json:
+        from tracestore.api.schemas import RunList
+
+        # Through the API's own model: the same JSON whichever side answered.
+        listed = RunList.model_validate({"items": items, "next_cursor": next_cursor})
+        typer.echo(listed.model_dump_json())
+        return
+    print_runs(None, items)
+    if next_cursor is not None:
+        console.print(f"more: --cursor {next_cursor}  (or --all)", highlight=False, markup=False)

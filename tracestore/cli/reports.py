@@ -87,19 +87,30 @@ FromOption = Annotated[
     Path | None,
     typer.Option(
         "--from",
-        help="Read a Parquet snapshot written by 'tracestore export' instead of the store (--db).",
+        help="Read what 'tracestore export' wrote (a Parquet snapshot or a Delta lake: "
+        "detected) instead of the store (--db).",
         show_default=False,
         file_okay=False,
+    ),
+]
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="With --from a Delta lake that several stores export to: the store to read "
+        "(its store_id).",
+        show_default=False,
     ),
 ]
 
 
 @contextmanager
-def _snapshot(snapshot: Path) -> Iterator[Analytics]:
-    """DuckDB over a Parquet snapshot (--from), closed at the end."""
+def _snapshot(snapshot: Path, store: str | None) -> Iterator[Analytics]:
+    """DuckDB over a Parquet snapshot or a Delta lake (--from), closed at the end."""
     from tracestore.reports.connection import open_snapshot
+    from tracestore.reports.live import extension_dir_from_env
 
-    with open_snapshot(snapshot) as analytics:
+    with open_snapshot(snapshot, store=store, extension_dir=extension_dir_from_env()) as analytics:
         yield analytics
 
 
@@ -118,6 +129,7 @@ def _live_url(db: str | None) -> str:
 def _results(
     db: str | None,
     snapshot: Path | None,
+    store: str | None,
     on_snapshot: Callable[[Analytics], Result],
     on_live: Callable[[str], Result],
 ) -> Result:
@@ -125,8 +137,10 @@ def _results(
     if snapshot is not None:
         if db is not None:
             fail("give --db or --from, not both")
-        with _snapshot(snapshot) as analytics:
+        with _snapshot(snapshot, store) as analytics:
             return on_snapshot(analytics)
+    if store is not None:
+        fail("--store picks a store of a lake read with --from")
     return on_live(_live_url(db))
 
 
@@ -250,6 +264,7 @@ def report(
     output: OutputOption = None,
     db: DbOption = None,
     snapshot: FromOption = None,
+    store: StoreOption = None,
 ) -> None:
     """Run a named DuckDB report over the store (or a snapshot): 'tracestore report --list'.
 
@@ -280,6 +295,7 @@ def report(
             result = _results(
                 db,
                 snapshot,
+                store,
                 lambda analytics: run_report(analytics, chosen, filters),
                 lambda url: live.report(url, chosen.name, filters),
             )
@@ -318,6 +334,7 @@ def sql(
     output: OutputOption = None,
     db: DbOption = None,
     snapshot: FromOption = None,
+    store: StoreOption = None,
 ) -> None:
     """Run an ad-hoc DuckDB SELECT over the store (read-only) or a snapshot.
 
@@ -337,10 +354,18 @@ def sql(
             result = _results(
                 db,
                 snapshot,
+                store,
                 lambda analytics: run_sql(analytics, text),
                 lambda url: live.query(url, text),
             )
         _emit(result, fmt, output)
+
+
+class ExportFormat(StrEnum):
+    """What `export` writes."""
+
+    parquet = "parquet"
+    delta = "delta"
 
 
 def export(
@@ -348,21 +373,44 @@ def export(
         Path,
         typer.Argument(
             metavar="DIR",
-            help="A new or empty directory for the snapshot.",
+            help="Parquet: a new or empty directory (or, with --incremental, this store's "
+            "snapshot to add to). Delta: the lake's directory.",
             file_okay=False,
             show_default=False,
         ),
     ],
     since: SinceOption = None,
     until: UntilOption = None,
+    fmt: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="parquet (a snapshot with a manifest) or delta (Delta Lake tables that "
+            "several stores and repeated exports share).",
+            case_sensitive=False,
+        ),
+    ] = ExportFormat.parquet,
+    incremental: Annotated[
+        bool,
+        typer.Option(
+            "--incremental",
+            "--since-last",
+            help="Only the runs past the last export into DIR (recorded there); the first "
+            "one exports everything. Rerunning is harmless.",
+        ),
+    ] = False,
     db: DbOption = None,
 ) -> None:
-    """Write the store's tables as Parquet, Hive-partitioned by day, with a manifest.
+    """Export the store's tables as Parquet or Delta Lake, partitioned by day.
 
     DIR/<table>/day=YYYY-MM-DD/*.parquet (the UTC day the run was received; every row of
-    a run has its run's day) and DIR/manifest.json (row counts, sha256 per file, schema
-    revision, time range). Run reports on it with --from DIR; Spark, Trino and DuckDB
-    read it directly (docs/ANALYTICS.md). Raw documents are not exported.
+    a run has its run's day). Every row carries store_id, run_id and ingest_seq. Which
+    runs go is cut on ingest_seq, in commit order: with --incremental a nightly job
+    takes every run exactly once while ingest goes on. A Delta export replaces the rows
+    of the runs it carries (never duplicates them); with --since/--until it replaces
+    whole days. Run reports on either with --from DIR; Spark, Trino and DuckDB read them
+    directly (docs/ANALYTICS.md, docs/SCALING.md). Raw documents are not exported.
     """
     from tracestore.db import migrate
     from tracestore.reports import live
@@ -376,15 +424,24 @@ def export(
             revision = migrate.current_revision(engine)
         finally:
             engine.dispose()
-        summary = live.export(url, directory, filters, schema_revision=revision)
-    for notice in summary.manifest["source"]["notices"]:
+        summary = live.export(
+            url,
+            directory,
+            filters,
+            fmt=fmt.value,
+            incremental=incremental,
+            schema_revision=revision,
+        )
+    for notice in summary.notices:
         note(notice)
     rows = summary.rows
     counts = ", ".join(f"{n} {t}" for t, n in rows.items())
-    files = sum(len(t["files"]) for t in summary.manifest["tables"].values())
+    batch = f"ingest_seq [{summary.after or 0}, {summary.upto})"
+    what = "Parquet files" if summary.format == "parquet" else "Delta commits"
     typer.echo(
-        f"exported {rows.get('runs', 0)} runs to {summary.path} in {summary.seconds:.1f}s: "
-        f"{files} Parquet files ({counts}); manifest {summary.path / 'manifest.json'}"
+        f"exported {summary.runs} runs ({batch}) to {summary.path} in {summary.seconds:.1f}s: "
+        f"{summary.files} {what} ({counts})"
+        + (f"; manifest {summary.path / 'manifest.json'}" if summary.format == "parquet" else "")
     )
 
 

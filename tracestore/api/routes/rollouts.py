@@ -7,18 +7,22 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from tracestore.api.body import NDJSON_TYPES, is_json, media_type, read_body, require_json
+from tracestore.api.body import (
+    NDJSON_TYPES,
+    array_items,
+    is_json,
+    media_type,
+    read_body,
+    read_ndjson_items,
+    require_json,
+)
 from tracestore.api.clients import LEGACY_STATE
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.errors import JSONBody, error_body, status_of
 from tracestore.api.params import (
-    ENV_HELP,
-    POLICY_HELP,
     RUN_PATH,
+    RunFilterDep,
     RunIdPath,
-    SinceQuery,
-    UntilQuery,
-    since_until,
 )
 from tracestore.api.schemas import (
     Accepted,
@@ -27,12 +31,11 @@ from tracestore.api.schemas import (
     RunList,
     error_responses,
 )
-from tracestore.drift.service import has_trajectories
-from tracestore.errors import EmptyBatch, PayloadTooLarge, UnsupportedMediaType
-from tracestore.ingest.parse import split_batch_array
+from tracestore.drift.reads import has_trajectories
+from tracestore.errors import EmptyBatch, UnsupportedMediaType
 from tracestore.ingest.service import cyclic_gc_paused, ingest_bytes, ingest_many
 from tracestore.store.rollouts import IngestResult
-from tracestore.store.runs import MAX_LIMIT, RunFilter, get_document, list_runs, runs_by_correlation
+from tracestore.store.runs import MAX_LIMIT, get_document, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
@@ -73,7 +76,8 @@ async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     """Ingest one rollout."""
     require_json(request, " (NDJSON goes to /v1/rollouts/batch)")
     raw = await read_body(request, state.settings.max_body_bytes)
-    result = await run_in_threadpool(ingest_bytes, state.engine, raw)
+    # A write slot first (api/overload.py): a bounded wait, else 503 database_busy.
+    result = await state.lanes.writes.run(ingest_bytes, state.engine, raw)
     if result.error is not None:  # conflict
         return JSONBody(
             error_body(result.error.code, result.error.message, **result.error.details),
@@ -82,31 +86,15 @@ async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     return JSONBody(result.to_json(), status_code=_result_status(result))
 
 
-def _split_batch(raw: bytes, ndjson: bool) -> list[bytes]:
-    """The items of a batch body, each exactly the bytes that were posted for it."""
-    if ndjson:
-        items = [line for line in raw.splitlines() if line.strip()]
-    elif raw.strip():
-        items = split_batch_array(raw)
-    else:
-        items = []
-    if not items:
-        # Not a 207 with total 0: that reads as success to a client whose body was lost.
-        raise EmptyBatch(
-            "the batch holds no rollouts: send a JSON array of them, or NDJSON with one per "
-            "line (Content-Type application/x-ndjson)"
-        )
-    return items
-
-
-def _batch(state: StateDep, raw: bytes, ndjson: bool) -> dict[str, Any]:
+def _array_items(raw: bytes, max_items: int) -> list[bytes]:
+    """The items of a JSON-array batch body, each exactly the bytes that were posted for it."""
+    if not raw.strip():
+        return []
     with cyclic_gc_paused():  # finding the items: see ingest.service.cyclic_gc_paused
-        items = _split_batch(raw, ndjson)
-    limit = state.settings.max_batch_items
-    if len(items) > limit:
-        raise PayloadTooLarge(
-            f"a batch holds at most {limit} rollouts, got {len(items)}", limit=limit
-        )
+        return array_items(raw, max_items)
+
+
+def _ingest_batch(state: StateDep, items: list[bytes]) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     counts = {"created": 0, "duplicate": 0, "conflict": 0, "invalid": 0}
     for index, result in enumerate(ingest_many(state.engine, items)):
@@ -147,8 +135,20 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
             f"Content-Type {mt!r} is not supported: send application/json (an array) or "
             "application/x-ndjson"
         )
-    raw = await read_body(request, state.settings.max_body_bytes)
-    body = await run_in_threadpool(_batch, state, raw, ndjson)
+    limit, max_items = state.settings.max_body_bytes, state.settings.max_batch_items
+    # The items are counted before they are held: NDJSON lines as the body streams in, an
+    # array's elements as they are sliced out (api/body.py); past max_items, 413.
+    if ndjson:
+        items = await read_ndjson_items(request, limit, max_items)
+    else:
+        items = await run_in_threadpool(_array_items, await read_body(request, limit), max_items)
+    if not items:
+        # Not a 207 with total 0: that reads as success to a client whose body was lost.
+        raise EmptyBatch(
+            "the batch holds no rollouts: send a JSON array of them, or NDJSON with one per "
+            "line (Content-Type application/x-ndjson)"
+        )
+    body = await state.lanes.writes.run(_ingest_batch, state, items)
     return JSONBody(body, status_code=207)
 
 
@@ -180,33 +180,11 @@ def get_rollout(run_id: RunIdPath, request: Request, session: ReadSessionDep) ->
 )
 def get_rollouts(
     session: ReadSessionDep,
-    correlation_id: Annotated[
-        str | None, Query(description="Canonical or per-trajectory cid.")
-    ] = None,
-    env_id: Annotated[str | None, Query(description=ENV_HELP)] = None,
-    policy_id: Annotated[str | None, Query(description=POLICY_HELP)] = None,
-    since: SinceQuery = None,
-    until: UntilQuery = None,
-    trace_kind: str | None = None,
-    has_trajectories: bool | None = None,
-    has_drift: Annotated[
-        bool | None, Query(description="Only runs with (true) or without (false) drift findings.")
-    ] = None,
+    f: RunFilterDep,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> dict[str, Any]:
     """List runs."""
-    start, end = since_until(since, until)
-    f = RunFilter(
-        correlation_id=correlation_id,
-        env_id=env_id,
-        policy_id=policy_id,
-        since=start,
-        until=end,
-        trace_kind=trace_kind,
-        has_trajectories=has_trajectories,
-        has_drift=has_drift,
-    )
     items, next_cursor = list_runs(session, f, limit=limit, cursor=cursor)
     return {"items": items, "next_cursor": next_cursor}
 

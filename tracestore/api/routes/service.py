@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.concurrency import run_in_threadpool
 
 from tracestore import __version__
 from tracestore.api.deps import StateDep
 from tracestore.api.errors import JSONBody
+from tracestore.api.overload import DatabaseBusy
 from tracestore.api.schemas import Health, Info, error_responses
 from tracestore.db import migrate
 from tracestore.store.runs import MAX_LIMIT
@@ -25,8 +25,9 @@ router = APIRouter(tags=["service"])
 async def health(state: StateDep) -> JSONBody:
     """200 when the database answers and its schema is at the expected revision; else 503."""
     expected = migrate.head_revision()
+    health = state.lanes.health  # its own connection and thread: never behind the pool
     try:
-        current = await run_in_threadpool(migrate.current_revision, state.engine)
+        current = await health.run(migrate.current_revision, health.engine)
     except SQLAlchemyError as exc:
         return JSONBody(
             {
@@ -57,10 +58,11 @@ async def health(state: StateDep) -> JSONBody:
 @router.get("/info", response_model=Info, summary="Version, backend, schema and limits.")
 async def info(state: StateDep) -> Info:
     """Describe this service."""
+    health = state.lanes.health
     try:
-        current = await run_in_threadpool(migrate.current_revision, state.engine)
-    except SQLAlchemyError:
-        current = None
+        current = await health.run(migrate.current_revision, health.engine)
+    except (SQLAlchemyError, DatabaseBusy):
+        current = None  # the rest of the answer needs no database
     s = state.settings
     return Info(
         service="tracestore",
@@ -71,7 +73,10 @@ async def info(state: StateDep) -> Info:
         auth_required=bool(s.api_keys),
         limits={
             "max_body_bytes": s.max_body_bytes,
+            "max_parsed_bytes": s.max_parsed_bytes,
             "max_batch_items": s.max_batch_items,
+            "max_inflight_bytes": s.max_inflight_bytes,
+            "max_header_bytes": s.max_header_bytes,
             "max_list_limit": MAX_LIMIT,
         },
     )
