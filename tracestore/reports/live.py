@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -122,7 +123,7 @@ def _in_child(fn: Callable[..., T], *args: object) -> T:
     for attempt in (1, 2):
         pool = _worker_pool()
         try:
-            return pool.submit(fn, *args).result()
+            return pool.submit(_portable, fn, *args).result()
         except BrokenProcessPool:
             # A child died (killed, out of memory): start new ones and try once more.
             _reset_pool(pool)
@@ -131,6 +132,22 @@ def _in_child(fn: Callable[..., T], *args: object) -> T:
                     "the analytics process died while reading the store; try again"
                 ) from None
     raise AssertionError("unreachable")
+
+
+def _portable(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` in the child, its error made one the parent can unpickle."""
+    from tracestore.reports.connection import AnalyticsError
+
+    try:
+        return fn(*args)
+    except Exception as exc:
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            # Some extension modules' errors (deltalake's DeltaError) do not pickle: the
+            # parent would see a PicklingError instead of the reason.
+            raise AnalyticsError(f"{type(exc).__name__}: {exc}") from None
+        raise
 
 
 def _worker_pool() -> ProcessPoolExecutor:
