@@ -81,5 +81,11 @@ class SchemaOutOfDate(TracestoreError):
     code = "schema_out_of_date"
 
 
+class Unavailable(TracestoreError):
+    """A part of the service could not answer now (nothing was wrong with the request)."""
+
+    code = "unavailable"
+
+
 def _rebuild(cls: type[TracestoreError], message: str, details: dict[str, Any]) -> TracestoreError:
     return cls(message, **details)

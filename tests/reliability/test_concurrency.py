@@ -54,7 +54,10 @@ def _workers(backend: str) -> int:
 
 
 def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    stat = Path(f"/proc/{pid}/stat")
+    # A worker gone during the race was killed or crashed: every request on it was lost.
+    assert stat.exists(), f"worker {pid} exited during the race (see the server log)"
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 

@@ -41,6 +41,7 @@ STATUS: dict[type[errors.TracestoreError], int] = {
     errors.InvalidRollout: 422,
     errors.InvalidRequest: 422,
     errors.SchemaOutOfDate: 503,
+    errors.Unavailable: 503,
 }
 _HTTP_CODES = {
     400: "bad_request",

@@ -38,6 +38,8 @@ from tracestore.settings import Settings
 # and lingering_time).
 LINGER_IDLE_S = 5.0
 LINGER_TOTAL_S = 30.0
+# Seconds before uvicorn's supervisor takes a silent worker for hung (see uvicorn_options).
+WORKER_HEALTHCHECK_S = 60
 
 
 @functools.cache
@@ -219,7 +221,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 def uvicorn_options() -> dict[str, Any]:
     """The options `tracestore serve` gives uvicorn.run (besides host, port, workers)."""
-    return {"http": GuardedHttpToolsProtocol}
+    return {
+        "http": GuardedHttpToolsProtocol,
+        # uvicorn's supervisor kills a worker whose ping thread has not answered within
+        # this many seconds (default 5) and starts another: every request in flight on
+        # it is lost. On a busy machine (more workers than cores, a long batch parsing)
+        # the ping thread can wait that long for the GIL, and a worker was killed in the
+        # middle of a race test. A real hang is rarer than a busy CPU: wait longer.
+        "timeout_worker_healthcheck": WORKER_HEALTHCHECK_S,
+    }
 
 
 __all__ = ["GuardedHttpToolsProtocol", "uvicorn_options"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tracestore.errors import InvalidJSON, TracestoreError
+from tracestore.errors import InvalidJSON, InvalidRequest, TracestoreError
 
 LINE_SUFFIXES = (".jsonl", ".ndjson")
 DOCUMENT_SUFFIXES = (".json", *LINE_SUFFIXES)
@@ -36,7 +36,7 @@ _POLL_SECONDS = 0.05
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-class UnreadableFile(TracestoreError):
+class UnreadableFile(InvalidRequest):
     """A file (or FIFO) that cannot be read as a whole; the message names it."""
 
     code = "unreadable_file"

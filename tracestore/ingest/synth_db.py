@@ -32,7 +32,7 @@ import orjson
 
 from tracestore.convert.report import LossEntry, LossKind
 from tracestore.correlation import cid_from_url, clean_cid
-from tracestore.errors import TracestoreError
+from tracestore.errors import InvalidRequest
 
 IMPORTER = "tracestore.ingest.synth_db"
 # Bump when the document built from the same rows changes: it is recorded in each one.
@@ -150,7 +150,7 @@ _ORDER = {
 }
 
 
-class SynthDatabaseError(TracestoreError):
+class SynthDatabaseError(InvalidRequest):
     """A file that is not a readable synth-ai trace database (the message says why)."""
 
     code = "invalid_synth_database"

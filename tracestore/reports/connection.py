@@ -43,7 +43,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from tracestore.db.types import JSONValue, UTCDateTime
-from tracestore.errors import InvalidRequest, TracestoreError
+from tracestore.errors import InvalidRequest, Unavailable
 from tracestore.reports import lake
 from tracestore.reports.catalog import views_sql
 from tracestore.reports.lake import EPOCH_SUFFIX
@@ -66,8 +66,8 @@ T = TypeVar("T")
 _SQLITE_ATTACH_ALLOWED = False
 
 
-class AnalyticsError(TracestoreError):
-    """DuckDB could not answer (a report failed, the store could not be read)."""
+class AnalyticsError(Unavailable):
+    """DuckDB could not answer (a report failed, the store could not be read): 503."""
 
     code = "analytics_error"
 
