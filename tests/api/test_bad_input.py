@@ -140,13 +140,6 @@ def test_unknown_content_encoding_is_415(http: httpx.Client, engine: Engine) -> 
 # A body that cannot be decoded is malformed, like one that is not JSON: 400 `invalid_json`
 # (the OpenAPI text of 400 says "or a corrupt gzip body"), not 422, which this API keeps for
 # well-formed input that is not a valid rollout or request.
-GZIP_STATUS_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="api/body.py raises InvalidRequest (422 invalid_request) for a corrupt gzip body",
-)
-
-
-@GZIP_STATUS_BUG
 @pytest.mark.parametrize(
     ("body", "problem"),
     [

@@ -445,18 +445,7 @@ def _check_refusal(response: httpx.Response, code: str | None) -> None:
         assert body["error"]["code"] == code, body
 
 
-# A body that cannot be decoded is malformed, like one that is not JSON (400); the API
-# answers 422 `invalid_request` today (tests/api/test_bad_input.py::test_corrupt_gzip_is_400).
-_GZIP_STATUS_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="api/body.py raises InvalidRequest (422 invalid_request) for a corrupt gzip body",
-)
-_KNOWN_BUGS = {"truncated gzip": _GZIP_STATUS_BUG, "plain body labelled gzip": _GZIP_STATUS_BUG}
-
-
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.name, marks=_KNOWN_BUGS.get(c.name, ())) for c in CASES]
-)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
 def test_named_attack_gets_a_clear_answer(target: Target, case: Case) -> None:
     headers = {"Content-Type": "application/json", **case.headers}
     with target.client() as http:

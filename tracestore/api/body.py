@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 
-from tracestore.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from tracestore.errors import InvalidJSON, PayloadTooLarge, UnsupportedMediaType
 from tracestore.ingest.parse import split_batch_array
 from tracestore.jsontext import TooManyItems, split_array
 
@@ -111,7 +111,7 @@ async def _gunzipped(request: Request, limit: int) -> AsyncIterator[bytes]:
                     # 64 MiB, and the caller may refuse the body long before its end.
                     out = inflater.decompress(data, min(_STEP, limit - size + 1))
                 except zlib.error as exc:
-                    raise InvalidRequest(f"the gzip body is corrupt: {exc}") from None
+                    raise InvalidJSON(f"the gzip body is corrupt: {exc}") from None
                 size += len(out)
                 if size > limit:
                     raise _too_large(limit)
@@ -122,7 +122,8 @@ async def _gunzipped(request: Request, limit: int) -> AsyncIterator[bytes]:
                     data = inflater.unused_data + data
                     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         if not inflater.eof:
-            raise InvalidRequest("the gzip body is truncated")
+            # Malformed like a body that is not JSON: 400, as the OpenAPI text of 400 says.
+        raise InvalidJSON("the gzip body is truncated")
         return
     async for chunk in request.stream():
         size += len(chunk)
