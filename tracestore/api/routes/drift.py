@@ -11,8 +11,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
 
-from tracestore.api.deps import MetricsSessionDep, ReadSessionDep, StateDep
+from tracestore.api.deps import AppState, MetricsSessionDep, ReadSessionDep, StateDep
 from tracestore.api.pages.links import run_href
 from tracestore.api.params import (
     ENV_HELP,
@@ -27,7 +28,7 @@ from tracestore.api.params import (
 from tracestore.api.schemas import error_responses
 from tracestore.drift import DRIFT_KINDS
 from tracestore.drift.gates import DEFAULT_MIN_TRACE_SHARE, migration_status, report_data
-from tracestore.drift.models import DriftSummaryPage, MigrationStatus, RunDrift
+from tracestore.drift.models import DriftReport, DriftSummaryPage, MigrationStatus, RunDrift
 from tracestore.drift.queries import (
     DEFAULT_WINDOW_DAYS,
     DriftFilter,
@@ -39,7 +40,7 @@ from tracestore.drift.queries import (
 )
 from tracestore.drift.report import render_html
 from tracestore.metrics import CONTENT_TYPE
-from tracestore.store.runs import MAX_LIMIT
+from tracestore.store.runs import MAX_LIMIT, RunFilter
 
 log = logging.getLogger("tracestore.api")
 
@@ -183,15 +184,27 @@ def get_report(
     budget: BudgetQuery = None,
 ) -> HTMLResponse:
     """Render the drift report."""
+    report = drift_report(state, session, runs, days, kind, budget)
+    # Run ids and finding steps link to the inspector's run pages (api/pages/).
+    return HTMLResponse(render_html(report, run_href=run_href, home_href="/"))
+
+
+def drift_report(
+    state: AppState,
+    session: Session,
+    runs: RunFilter,
+    days: int,
+    kind: str | None,
+    budget: float | None,
+) -> DriftReport:
+    """The drift report's data over the window (`/reports/drift` and its JSON)."""
     # This process's pending reads count in the answer (others' within FLUSH_SECONDS).
     state.observability.reads.flush(state.engine)
     start, end = window(runs.since, runs.until, days)
     f = DriftFilter(replace(runs, since=start, until=end), kind=kind)
-    report = report_data(
+    return report_data(
         session, f, budget=budget if budget is not None else state.settings.drift_budget
     )
-    # Run ids and finding steps link to the inspector's run pages (api/pages/).
-    return HTMLResponse(render_html(report, run_href=run_href, home_href="/"))
 
 
 @metrics_router.get(

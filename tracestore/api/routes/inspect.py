@@ -3,18 +3,16 @@ drift report as JSON (/v1/drift/report, what `tracestore drift --url` renders)."
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.params import RunFilterDep, RunIdPath
-from tracestore.api.routes.drift import BudgetQuery, DaysQuery, KindQuery
+from tracestore.api.routes.drift import BudgetQuery, DaysQuery, KindQuery, drift_report
 from tracestore.api.schemas import error_responses
-from tracestore.drift.gates import report_data
 from tracestore.drift.models import DriftReport
-from tracestore.drift.queries import DEFAULT_WINDOW_DAYS, DriftFilter, window
+from tracestore.drift.queries import DEFAULT_WINDOW_DAYS
 from tracestore.inspect.models import PANELS, Panel, RunInspection
 from tracestore.inspect.run import (
     MAX_POSITION,
@@ -79,10 +77,4 @@ def get_drift_report(
     budget: BudgetQuery = None,
 ) -> DriftReport:
     """The drift report's data."""
-    # This process's pending reads count in the answer (others' within FLUSH_SECONDS).
-    state.observability.reads.flush(state.engine)
-    start, end = window(runs.since, runs.until, days)
-    f = DriftFilter(replace(runs, since=start, until=end), kind=kind)
-    return report_data(
-        session, f, budget=budget if budget is not None else state.settings.drift_budget
-    )
+    return drift_report(state, session, runs, days, kind, budget)
