@@ -25,11 +25,20 @@ from tracestore.db.types import JSONValue, SafeText, UTCDateTime, json_dumps, js
 Adapter = Callable[[Any], Any]
 
 
+def _aware(value: datetime) -> datetime:
+    # As UTCDateTime refuses them: a naive datetime names no instant (astimezone would take
+    # it as local time, PostgreSQL as the session's zone).
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: tracestore stores aware UTC datetimes only")
+    return value
+
+
 def _sqlite_datetime(value: datetime | None) -> str | None:
     if value is None:
         return None
     # The text SQLAlchemy's SQLite DateTime writes: naive UTC, always 6 fraction digits.
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+    utc = _aware(value).astimezone(UTC).replace(tzinfo=None)
+    return utc.isoformat(" ", timespec="microseconds")
 
 
 def _pg_text(value: str | None) -> str | None:
@@ -45,8 +54,8 @@ def _adapter(column_type: object, dialect: str) -> Adapter | None:
         return _nullable(json_dumps_pg if dialect == "postgresql" else json_dumps)
     if isinstance(column_type, SafeText) and dialect == "postgresql":
         return _pg_text
-    if isinstance(column_type, UTCDateTime) and dialect == "sqlite":
-        return _sqlite_datetime
+    if isinstance(column_type, UTCDateTime):
+        return _sqlite_datetime if dialect == "sqlite" else _nullable(_aware)
     return None
 
 

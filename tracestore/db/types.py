@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,11 @@ def json_dumps_pg(value: Any) -> str:
     return raw.decode()
 
 
+# Twenty digits in a row: an integer that may be past 64 bits (2**64 has 20 digits).
+_LONG_NUMBER = re.compile(r"\d{20}")
+_LONG_NUMBER_BYTES = re.compile(rb"\d{20}")
+
+
 def json_loads(value: str | bytes | int | float) -> Any:
     """Parse JSON read back from a column.
 
@@ -42,6 +48,13 @@ def json_loads(value: str | bytes | int | float) -> Any:
     """
     if isinstance(value, int | float):
         return value
+    long_number = (
+        _LONG_NUMBER.search(value) if isinstance(value, str) else _LONG_NUMBER_BYTES.search(value)
+    )
+    if long_number is not None:
+        # orjson reads an integer past 64 bits as a float; the stdlib keeps it exact.
+        # Twenty digits in a row are rare (here or in a string), so the fast path stays.
+        return json.loads(value)
     return orjson.loads(value)
 
 
