@@ -2,13 +2,16 @@
 bound (issue 18 item 3: no hostile body may take RSS past twice that bound).
 
 Each attack runs against a fresh server with the default limits (64 MiB body, 256 MiB in
-flight, 32 KiB heads, 10,000 batch items), warmed by one small batch. The figures are the
-server process's peak RSS (/proc VmHWM, reset just before the attack) and its growth over
-the RSS before the attack; the answer the attack got is recorded too.
+flight, 32 KiB heads, 10,000 batch items, the parsed-size limit), warmed by one small
+batch, on each database asked for. The figures are the server process's peak RSS (/proc
+VmHWM, reset just before the attack) and its growth over the RSS before the attack; the
+answer the attack got is recorded too. The bodies "under the parsed-size limit" are the
+worst of their shape the estimate admits (tracestore/api/body.py): each grown until its
+estimate is within 1% of TRACESTORE_MAX_PARSED_BYTES.
 
-    .venv/bin/python -m bench.hostile_memory [--db sqlite|postgresql] [--only NAME ...]
+    .venv/bin/python -m bench.hostile_memory [--db sqlite|postgresql|both] [--only NAME ...]
 
-Writes bench/results/hostile_memory.json and .md.
+Writes bench/results/hostile_memory.json and .md (with --only: nothing, unless --write).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -35,6 +39,7 @@ import httpx
 import orjson
 
 from bench.common import TRACESTORE, free_port, fresh_database, pg_available
+from tracestore.api.body import parsed_estimate
 from tracestore.settings import Settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -131,46 +136,167 @@ def _post(server: Server, path: str, body: bytes, content_type: str) -> str:
     return f"{response.status_code}{code}"
 
 
-def ndjson_bomb() -> Callable[[Server], str]:
+def ndjson_bomb() -> Body:
     """gzip of 22.4 M `{}` lines (67 MB decoded, 64 KiB on the wire), NDJSON batch."""
-    body = gzip.compress(b"{}\n" * ITEMS, 9)
-    return lambda server: _post(server, "/v1/rollouts/batch", body, "application/x-ndjson")
+    return Body("/v1/rollouts/batch", "application/x-ndjson", b"{}\n" * ITEMS)
 
 
-def array_bomb() -> Callable[[Server], str]:
+def array_bomb() -> Body:
     """gzip of a JSON array of 21 M `{}` (64 MiB decoded), JSON batch."""
     n = (64 * MIB - 2) // 3
-    body = gzip.compress(b"[" + b"{}," * (n - 1) + b"{}]", 9)
-    return lambda server: _post(server, "/v1/rollouts/batch", body, "application/json")
+    return Body("/v1/rollouts/batch", "application/json", b"[" + b"{}," * (n - 1) + b"{}]")
 
 
-def blank_lines() -> Callable[[Server], str]:
+def blank_lines() -> Body:
     """gzip of 33 M whitespace-only lines (64 MiB decoded), NDJSON batch."""
-    body = gzip.compress(b" \n" * (32 * MIB - 1), 9)
-    return lambda server: _post(server, "/v1/rollouts/batch", body, "application/x-ndjson")
+    return Body("/v1/rollouts/batch", "application/x-ndjson", b" \n" * (32 * MIB - 1))
 
 
-def _tiny_values(run_id: str, size: int) -> bytes:
-    head = (
-        b'{"run_id":"%s","trajectories":[],"metrics":{"episode_returns":[],'
-        b'"mean_return":0,"num_steps":0},"pad":[' % run_id.encode()
-    )
-    n = (size - len(head)) // 3
-    return gzip.compress(head + b"{}," * (n - 1) + b"{}]}", 9)
+_HEAD = (
+    b'{"run_id":"%s","trajectories":[],"metrics":{"episode_returns":[],'
+    b'"mean_return":0,"num_steps":0},"pad":'
+)
 
 
-def tiny_values_rollout() -> Callable[[Server], str]:
+def _padded(run_id: str, first: bytes, unit: bytes, last: bytes, n: int) -> bytes:
+    """A valid rollout whose undeclared key `pad` holds `first + unit * n + last`."""
+    return _HEAD % run_id.encode() + first + unit * n + last + b"}"
+
+
+def _largest_under_cap(
+    build: Callable[[int], bytes], fraction: float = 0.99, probe: int = 1_000
+) -> bytes:
+    """build(n) for the largest n whose body the parsed-size estimate puts within
+    `fraction` of TRACESTORE_MAX_PARSED_BYTES (and under it)."""
+    cap = Settings.model_construct().max_parsed_bytes  # the defaults: serve() sets none
+    small, large = parsed_estimate(build(probe)), parsed_estimate(build(2 * probe))
+    per_unit = (large - small) / probe
+    n = int((cap * fraction - (small - probe * per_unit)) / per_unit)
+    body = build(n)
+    while parsed_estimate(body) > cap:
+        n = int(n * 0.99)
+        body = build(n)
+    return body
+
+
+@dataclass
+class Body:
+    """A request body (decoded) and where and how it is sent."""
+
+    path: str
+    content_type: str
+    raw: bytes  # before gzip
+    gzip_level: int = 9
+
+    def attack(self) -> Callable[[Server], str]:
+        """Post it (gzip) to a server; the answer."""
+        body = gzip.compress(self.raw, self.gzip_level)
+        return lambda server: _post(server, self.path, body, self.content_type)
+
+
+def tiny_values_rollout() -> Body:
     """One valid rollout (single post, gzip) padded to 60 MiB with 20 M empty objects."""
-    body = _tiny_values("tiny", 60 * MIB)
-    return lambda server: _post(server, "/v1/rollouts", body, "application/json")
+    raw = _padded("tiny", b"[", b"{},", b"{}]", (60 * MIB) // 3)
+    return Body("/v1/rollouts", "application/json", raw)
 
 
-def tiny_values_under_cap() -> Callable[[Server], str]:
-    """The worst the parsed-size estimate lets in: empty objects (24 estimated bytes per
-    byte) up to just under TRACESTORE_MAX_PARSED_BYTES."""
-    size = int(Settings().max_parsed_bytes / 24 * 0.98)
-    body = _tiny_values("tiny-under-cap", size)
-    return lambda server: _post(server, "/v1/rollouts", body, "application/json")
+def tiny_values_under_cap() -> Body:
+    """The issue's shape, as large as the estimate admits: empty objects."""
+    raw = _largest_under_cap(lambda n: _padded("tiny-under", b"[", b"{},", b"{}]", n))
+    return Body("/v1/rollouts", "application/json", raw)
+
+
+def nested_lists_under_cap() -> Body:
+    """The shape that takes most memory per byte: lists nested 500 deep, repeated."""
+    unit = b"[" * 500 + b"]" * 500 + b","
+    raw = _largest_under_cap(lambda n: _padded("nested-under", b"[", unit, b"0]", n))
+    return Body("/v1/rollouts", "application/json", raw)
+
+
+def short_strings_under_cap() -> Body:
+    """Two-character strings (a 64-byte object each), as many as the estimate admits."""
+    raw = _largest_under_cap(lambda n: _padded("strings-under", b"[", b'"ab",', b'"ab"]', n))
+    return Body("/v1/rollouts", "application/json", raw)
+
+
+def floats_under_cap() -> Body:
+    """Floats (a 32-byte object each), as many as the estimate admits."""
+    raw = _largest_under_cap(lambda n: _padded("floats-under", b"[", b"1.5,", b"1.5]", n))
+    return Body("/v1/rollouts", "application/json", raw)
+
+
+# Printable ASCII but the characters the estimate charges (`"`, `\\`, `{`, `[`, `,`, `:`):
+# random text of these compresses least (to ~0.83) for its estimate.
+_PRINTABLE = bytes(c for c in range(32, 127) if c not in b'"\\{[,:')
+_TO_PRINTABLE = bytes.maketrans(
+    bytes(range(256)), bytes(_PRINTABLE[i % len(_PRINTABLE)] for i in range(256))
+)
+
+
+def _random_string_under_cap(run_id: str, first: bytes) -> Body:
+    noise = os.urandom(64 * MIB).translate(_TO_PRINTABLE)
+
+    def build(n: int) -> bytes:
+        return _padded(run_id, b'"' + first, b"", noise[:n] + b'"', 0)
+
+    return Body("/v1/rollouts", "application/json", _largest_under_cap(build), gzip_level=1)
+
+
+def random_string_under_cap() -> Body:
+    """One string of random printable ASCII (stored nearly incompressible), as long as the
+    estimate admits."""
+    return _random_string_under_cap("ascii-under", b"")
+
+
+def wide_string_under_cap() -> Body:
+    """The same, made four bytes a character by one emoji at its start."""
+    return _random_string_under_cap("wide-under", "\U0001f600".encode())
+
+
+def concurrent_tiny_values_under_cap() -> Callable[[Server], str]:
+    """Known open: 4 posts at once of the empty-objects rollout the estimate just admits."""
+    body = tiny_values_under_cap()
+    sent = gzip.compress(body.raw, 9)
+    del body
+
+    def attack(server: Server) -> str:
+        # The same rollout each time: duplicates after the first, each parsed all the same.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = Counter(
+                pool.map(
+                    lambda _: _post(server, "/v1/rollouts", sent, "application/json"), range(4)
+                )
+            )
+        return ", ".join(f"{n} x {a}" for a, n in answers.items())
+
+    return attack
+
+
+def _real(n_bytes: int) -> bytes:
+    from bench.corpus import sized
+
+    return sized(n_bytes, seed=3)
+
+
+def legit_rollout() -> Body:
+    """For reference: one real-shaped 60 MiB rollout (bench/corpus.py), gzip."""
+    return Body("/v1/rollouts", "application/json", _real(60 * MIB), gzip_level=6)
+
+
+def legit_rollout_under_cap() -> Body:
+    """The largest real-shaped rollout (bench/corpus.py: more steps) the estimate admits."""
+    return Body("/v1/rollouts", "application/json", _largest_under_cap(_real, 0.99, MIB), 6)
+
+
+def repeated_key_rollout() -> Body:
+    """Known open: a rollout repeating a key after 4 MiB of empty objects. Refused (422)
+    only after tracestore/jsontext.py's first_repeated_key has parsed it a second time
+    and listed a path for every value."""
+    return Body(
+        "/v1/rollouts",
+        "application/json",
+        _padded("repeated", b"[", b"{},", b'{"a":1,"a":1}]', (4 * MIB) // 3),
+    )
 
 
 def header_line_8mb() -> Callable[[Server], str]:
@@ -212,9 +338,11 @@ def _held_upload(port: int, declared: int, send: int) -> tuple[socket.socket, st
         b"Content-Length: %d\r\n\r\n" % declared
     )
     with contextlib.suppress(OSError):
+        # Spaces: the cheapest bytes for the parsed-size estimate (4 each), so the upload
+        # stalls before the estimate refuses it.
         sock.sendall(head + b'{"run_id": "held", "pad": "')
         for _ in range(send // MIB):
-            sock.sendall(b"x" * MIB)
+            sock.sendall(b" " * MIB)
     sock.settimeout(0.5)
     data = b""
     with contextlib.suppress(OSError):
@@ -233,24 +361,51 @@ def held_uploads(n: int, size: int) -> Callable[[Server], str]:
         time.sleep(1.0)  # the peak is read while they are held (by the caller, after this)
         for sock, _ in uploads:
             sock.close()
-        answers = [a for _, a in uploads]
-        return f"{answers.count('held')} held, {answers.count('503')} refused 503"
+        answers = Counter(a for _, a in uploads)
+        return ", ".join(
+            f"{n} {'held' if a == 'held' else 'answered ' + a}" for a, n in answers.items()
+        )
 
     return attack
 
 
-def legit_rollout() -> Callable[[Server], str]:
-    """For reference, not an attack: one real-shaped 60 MiB rollout (bench/corpus.py), gzip."""
-    from bench.corpus import sized
+Make = Callable[[], "Body | Callable[[Server], str]"]
 
-    body = gzip.compress(sized(60 * MIB, seed=3), 6)
-    return lambda server: _post(server, "/v1/rollouts", body, "application/json")
-
-
-ATTACKS: dict[str, tuple[str, Callable[[], Callable[[Server], str]]]] = {
-    "ndjson_bomb": ("gzip NDJSON batch: 22.4 M lines of {} (64 KiB sent)", ndjson_bomb),
-    "array_bomb": ("gzip JSON-array batch: 21 M {} (64 KiB sent)", array_bomb),
+# name: (what it is; {mib} is the decoded body's size), how to make it.
+ATTACKS: dict[str, tuple[str, Make]] = {
+    "ndjson_bomb": ("gzip NDJSON batch: 22.4 M lines of {{}} (64 KiB sent)", ndjson_bomb),
     "blank_lines": ("gzip NDJSON batch: 33 M blank lines (64 KiB sent)", blank_lines),
+    "array_bomb": ("gzip JSON-array batch: 21 M {{}} (64 KiB sent)", array_bomb),
+    "tiny_values_rollout": (
+        "one gzip rollout of 60 MiB: 20 M empty objects in an undeclared key",
+        tiny_values_rollout,
+    ),
+    "tiny_values_under_cap": (
+        "one gzip rollout of empty objects, the most the estimate admits ({mib} MiB)",
+        tiny_values_under_cap,
+    ),
+    "nested_lists_under_cap": (
+        "one gzip rollout of lists nested 500 deep, the most the estimate admits ({mib} MiB)",
+        nested_lists_under_cap,
+    ),
+    "short_strings_under_cap": (
+        'one gzip rollout of "ab" strings, the most the estimate admits ({mib} MiB)',
+        short_strings_under_cap,
+    ),
+    "floats_under_cap": (
+        "one gzip rollout of floats, the most the estimate admits ({mib} MiB)",
+        floats_under_cap,
+    ),
+    "random_string_under_cap": (
+        "one gzip rollout holding one string of random ASCII, the most the estimate admits "
+        "({mib} MiB)",
+        random_string_under_cap,
+    ),
+    "wide_string_under_cap": (
+        "the same string after one emoji (4 bytes a character), the most the estimate admits "
+        "({mib} MiB)",
+        wide_string_under_cap,
+    ),
     "header_8mb": ("one 8 MB header line", header_line_8mb),
     "unfinished_headers": ("8 unfinished 64 MiB header lines", unfinished_headers),
     "stalled_4x64mib": (
@@ -261,93 +416,132 @@ ATTACKS: dict[str, tuple[str, Callable[[], Callable[[Server], str]]]] = {
         "32 uploads declaring 32 MiB, 31 MiB sent, held",
         lambda: held_uploads(32, 32 * MIB),
     ),
-    "legit_60mib_rollout": (
-        "(reference) one real-shaped 60 MiB rollout, gzip: stored",
-        legit_rollout,
+    "legit_60mib_rollout": ("one real-shaped 60 MiB rollout, gzip", legit_rollout),
+    "legit_largest_rollout": (
+        "the largest real-shaped rollout the estimate admits ({mib} MiB), gzip",
+        legit_rollout_under_cap,
     ),
-    "tiny_values_rollout": (
-        "one gzip rollout of 60 MiB: 20 M empty objects in an undeclared key",
-        tiny_values_rollout,
+    "concurrent_tiny_values_under_cap": (
+        "(known open) 4 posts at once of the empty-objects rollout the estimate admits",
+        concurrent_tiny_values_under_cap,
     ),
-    "tiny_values_under_cap": (
-        "one gzip rollout of empty objects just under the parsed-size limit (15.7 MiB)",
-        tiny_values_under_cap,
+    "repeated_key_rollout": (
+        "(known open) one rollout repeating a key after 4 MiB of empty objects",
+        repeated_key_rollout,
     ),
 }
 
 
-def run(db_url: str, names: list[str], log: Path) -> list[dict[str, Any]]:
-    """Every attack in `names` on a fresh server each; one row per attack."""
-    settings = Settings()
+def _attack_once(server: Server, attack: Callable[[Server], str], target: int) -> dict[str, Any]:
+    before = server.reset_peak()
+    start = time.monotonic()
+    answer = attack(server)
+    took = time.monotonic() - start
+    peak = server.status()["VmHWM"]
+    healthy = httpx.get(server.url + "/health", timeout=30).status_code == 200
+    return {
+        "answer": answer,
+        "seconds": round(took, 2),
+        "rss_before_mib": round(before / MIB, 1),
+        "peak_rss_mib": round(peak / MIB, 1),
+        "growth_mib": round((peak - before) / MIB, 1),
+        "within_target": peak <= target,
+        "healthy_after": healthy,
+    }
+
+
+def run(db_urls: dict[str, str], names: list[str], log: Path) -> list[dict[str, Any]]:
+    """Every attack in `names` on a fresh server each, on each database; one row per attack
+    and database."""
+    settings = Settings.model_construct()
     target = 2 * settings.max_inflight_bytes
     rows = []
     for name in names:
         what, make = ATTACKS[name]
-        attack = make()
-        with serve(db_url, log) as server:
-            before = server.reset_peak()
-            start = time.monotonic()
-            answer = attack(server)
-            took = time.monotonic() - start
-            peak = server.status()["VmHWM"]
-            healthy = httpx.get(server.url + "/health", timeout=30).status_code == 200
-        rows.append(
-            {
-                "attack": name,
-                "what": what,
-                "answer": answer,
-                "seconds": round(took, 2),
-                "rss_before_mib": round(before / MIB, 1),
-                "peak_rss_mib": round(peak / MIB, 1),
-                "growth_mib": round((peak - before) / MIB, 1),
-                "inflight_limit_mib": settings.max_inflight_bytes // MIB,
-                "target_peak_mib": target // MIB,
-                "within_target": peak <= target,
-                "healthy_after": healthy,
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        made = make()
+        row: dict[str, Any] = {"attack": name}
+        if isinstance(made, Body):
+            attack = made.attack()
+            row["body_mib"] = round(len(made.raw) / MIB, 1)
+            row["estimate_mib"] = round(parsed_estimate(made.raw) / MIB, 1)
+            what = what.format(mib=row["body_mib"])
+            del made
+        else:
+            attack = made
+            what = what.format()
+        row["what"] = what
+        for backend, url in db_urls.items():
+            with serve(url, log) as server:
+                result = {**row, "db": backend, **_attack_once(server, attack, target)}
+            rows.append(result)
+            print(json.dumps(result), flush=True)
     return rows
 
 
-def _markdown(rows: list[dict[str, Any]], backend: str) -> str:
+def _markdown(rows: list[dict[str, Any]], settings: Settings, backends: list[str]) -> str:
+    target = 2 * settings.max_inflight_bytes // MIB
+    names = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
     lines = [
-        f"Hostile requests, {backend}: peak RSS of the server process vs 2x the in-flight "
-        f"limit ({rows[0]['inflight_limit_mib']} MiB -> target {rows[0]['target_peak_mib']} "
-        "MiB)",
+        f"Hostile requests: peak RSS of the server process (MiB; its growth during the attack "
+        f"in brackets) vs {target} MiB, twice the in-flight limit "
+        f"({settings.max_inflight_bytes // MIB} MiB). Parsed-size limit "
+        f"{settings.max_parsed_bytes // MIB} MiB; body limit {settings.max_body_bytes // MIB} "
+        "MiB. `estimate`: the parsed-size estimate of the decoded body (MiB).",
         "",
-        "| attack | answer | peak RSS (MiB) | growth (MiB) | within target |",
-        "|---|---|---|---|---|",
+        "| attack | estimate | "
+        + " | ".join(f"{names[b]}: answer | {names[b]}: peak (growth)" for b in backends)
+        + " | within target |",
+        "|---|---|" + "---|---|" * len(backends) + "---|",
     ]
+    by_attack: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        ok = "yes" if r["within_target"] else "**no**"
-        lines.append(
-            f"| {r['what']} | {r['answer']} | {r['peak_rss_mib']} | {r['growth_mib']} | {ok} |"
-        )
+        by_attack.setdefault(r["attack"], []).append(r)
+    for group in by_attack.values():
+        cells = [group[0]["what"], str(group[0].get("estimate_mib", ""))]
+        for r in group:
+            cells += [r["answer"], f"{r['peak_rss_mib']} ({r['growth_mib']})"]
+        ok = all(r["within_target"] for r in group)
+        cells.append("yes" if ok else "**no**")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     """Run the attacks; write bench/results/hostile_memory.{json,md}."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite")
-    parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS), default=list(ATTACKS))
+    parser.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS))
+    parser.add_argument("--write", action="store_true", help="write the results with --only")
     args = parser.parse_args()
-    if args.db == "postgresql" and not pg_available():
+    backends = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
+    if "postgresql" in backends and not pg_available():
         raise SystemExit("PostgreSQL is not reachable")
-    with fresh_database(args.db) as url, tempfile.TemporaryDirectory() as tmp:
-        rows = run(url, args.only, Path(tmp) / "server.log")
+    names = args.only or list(ATTACKS)
+    settings = Settings.model_construct()
+    with contextlib.ExitStack() as stack:
+        urls = {b: stack.enter_context(fresh_database(b)) for b in backends}
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        rows = run(urls, names, Path(tmp) / "server.log")
+    table = _markdown(rows, settings, backends)
+    print(table)
+    if args.only and not args.write:
+        return
     RESULTS.mkdir(exist_ok=True)
     body = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "backend": args.db,
+        "command": "python -m bench.hostile_memory --db " + args.db,
+        "settings": {
+            "max_body_bytes": settings.max_body_bytes,
+            "max_inflight_bytes": settings.max_inflight_bytes,
+            "max_parsed_bytes": settings.max_parsed_bytes,
+            "target_peak_bytes": 2 * settings.max_inflight_bytes,
+        },
+        "backends": backends,
         "rows": rows,
     }
     (RESULTS / "hostile_memory.json").write_text(json.dumps(body, indent=2) + "\n")
-    table = _markdown(rows, args.db)
     (RESULTS / "hostile_memory.md").write_text(table)
-    print(table)
 
 
 if __name__ == "__main__":

@@ -50,17 +50,115 @@ def require_json(request: Request, hint: str = "") -> None:
 
 # Decoded bytes handed on at a time.
 _STEP = 64 * 1024
-# What a byte of JSON costs once parsed (CPython, 64-bit), roughly and on the high side: an
-# object or array 64 bytes, a string ~56 (28 per quote), a float 24 (per '.'), an element's
-# slot 8. Real rollouts come to 4-6 bytes per byte; `{},{},...` to 24. Counted at C speed
-# as the body streams in, so a body cheap on the wire but huge once parsed (a gzip of
-# millions of `{}` inside one rollout took a worker to 2 GB) is refused before parsing.
-_PARSED_COST = ((b"{", 64), (b"[", 64), (b'"', 28), (b".", 24), (b",", 8))
+
+# --- the parsed-size estimate ---------------------------------------------------------------
+#
+# What a body costs a worker at the peak of its ingest, counted at C speed as it streams in,
+# so that a body cheap on the wire but huge once parsed (a gzip of millions of `{}` inside
+# one rollout took a worker to 2 GB) is refused before anything is parsed. Measured on
+# CPython 3.11 (64-bit, pymalloc rounding to 16 bytes) with orjson 3.13, which parses into
+# a yyjson document (a copy of the text and 16 bytes per value) and then builds the Python
+# objects from it: both are alive at the end of the parse. Then, with the parsed value and
+# the body still held, the store compresses the body and hands it to the driver: ~5 copies
+# of the compressed body on PostgreSQL (COPY's text form writes bytea as hex, and the
+# driver and libpq each buffer it), 2-3 on SQLite; random printable text compresses only
+# to 0.82 of its size. The peak is whichever is larger: for a server measured with
+# bench/hostile_memory.py, up to 7.2 bytes a byte of random text on PostgreSQL. Each figure
+# is an upper bound of what it stands for (the shapes that come closest are measured by
+# bench/hostile_memory.py and tests/reliability/test_request_limits.py):
+#
+# - every byte: 8 (the body held by the route; a string's character; then yyjson's copy,
+#   or the compressed body's stored copies); whitespace 4 (never a character but a
+#   string's spaces, and random whitespace compresses to a quarter at most);
+# - `"`: 32 (a string is 64 bytes + its characters: a 16-byte-rounded 49-byte header; a key
+#   too, since orjson's key cache keeps at most 2,048 and any hostile body can make every
+#   key new; an escaped quote counts too);
+# - `,`: 24 (the next value's 16 bytes in the document, its 8-byte slot in a list);
+# - `:`: 60 (the member's value in the document, 16, and its share of the dict's key
+#   table: at most 44 bytes a member once the table has outgrown its first 128 bytes);
+# - `{`: 180 (16 in the document, the dict's 64, its first key's 16 in the document, and
+#   the first key table, 128 bytes, less the 44 its first member already paid);
+# - `[`: 120 (16 in the document, the list's 64, its item array rounded up, 16, its first
+#   slot, 8, and its first value in the document, 16);
+# - a number (a digit or `-` after `,`, `:` or `[`, whitespace aside): 32, an int or float
+#   object (small ints are shared, bools and null too: never more);
+# - strings wider than ASCII, for every byte of the body since one character widens a whole
+#   string and the estimate cannot tell which bytes are in it: any non-ASCII byte or `\u`
+#   escape +1 (the UTF-8 copy CPython keeps once the string is serialized again); a
+#   character past U+00FF +2 in all (two bytes a character), past U+FFFF +4 (four); each
+#   counted from the body's first byte once seen.
+#
+# A real rollout (bench/corpus.py) is estimated at ~18 bytes a byte against the ~7 it
+# takes: its keys repeat (orjson shares them), its text compresses well and holds commas
+# and colons. Empty objects, 3 bytes each: estimated 76 a byte for the 31 they take; an
+# incompressible string (ASCII or wide) comes closest, at ~0.9 of its estimate.
+_PER_BYTE = 8
+_PER_SPACE = 4
+_PER_CHAR = ((b'"', 32), (b",", 24), (b":", 60), (b"{", 180), (b"[", 120))
+_NUMBER = 32
+# Digits and `-` become `0`, the separators a value follows become `,`; whitespace goes:
+# then `,0` marks the start of every number outside strings (and some inside).
+_VALUE_CLASSES = bytes.maketrans(b"0123456789-,:[", b"00000000000,,,")
+_JSON_SPACE = b" \t\n\r"
+_BELOW = {n: bytes(range(n)) for n in (0xC4, 0xF0)}
+_LATIN1, _UCS2, _UCS4 = 1, 2, 5  # extra bytes per body byte, as above
+_ESCAPE = b"\\u"
+_ESCAPE_UCS2 = re.compile(rb"\\u(?!00)")  # a character past U+00FF
+_ESCAPE_UCS4 = re.compile(rb"\\u[dD][89abAB]")  # half of a surrogate pair: past U+FFFF
+
+
+class ParsedSize:
+    """The estimated peak memory of a body's ingest (above), fed its bytes as they arrive."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._seen = 0  # bytes fed so far
+        self._width = 0  # extra bytes per byte for strings wider than ASCII
+        self._last = b""  # the last value class of the bytes so far (a number may follow)
+        self._tail = b""  # their last 6 bytes (an escape may go on)
+
+    def feed(self, data: bytes) -> int:
+        """Count `data`, the next bytes of the body; the estimate so far."""
+        spaceless = data.translate(_VALUE_CLASSES, _JSON_SPACE)
+        cost = len(data) * _PER_BYTE - (len(data) - len(spaceless)) * (_PER_BYTE - _PER_SPACE)
+        for char, char_cost in _PER_CHAR:
+            cost += data.count(char) * char_cost
+        classes = self._last + spaceless
+        cost += classes.count(b",0") * _NUMBER
+        self._last = classes[-1:]
+        self._seen += len(data)
+        width = self._width_of(data)
+        if width > self._width:  # every string seen so far may be that wide too
+            cost += (width - self._width) * (self._seen - len(data))
+            self._width = width
+        cost += self._width * len(data)
+        self.total += cost
+        return self.total
+
+    def _width_of(self, data: bytes) -> int:
+        if self._width == _UCS4:
+            return _UCS4
+        width = 0
+        if not data.isascii():
+            width = _LATIN1
+            if wide := data.translate(None, _BELOW[0xC4]):
+                width = _UCS4 if wide.translate(None, _BELOW[0xF0]) else _UCS2
+        # An escape may begin in the bytes before: look at their end and this start too.
+        seam = self._tail + data[:6]
+        self._tail = (self._tail + data[-6:])[-6:]
+        for text in (data, seam):
+            if _ESCAPE in text:
+                width = max(width, _LATIN1)
+                if _ESCAPE_UCS4.search(text):
+                    return _UCS4
+                if _ESCAPE_UCS2.search(text):
+                    width = max(width, _UCS2)
+        return width
 
 
 def parsed_estimate(data: bytes) -> int:
-    """Roughly how many bytes of memory `data` takes once parsed (an upper estimate)."""
-    return sum(data.count(char) * cost for char, cost in _PARSED_COST)
+    """The estimated peak memory of ingesting `data` (an upper bound; see ParsedSize)."""
+    return ParsedSize().feed(data)
 
 
 def _max_parsed(request: Request) -> int | None:
@@ -81,12 +179,10 @@ async def _decoded(request: Request, limit: int) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, gunzipped when `Content-Encoding: gzip`; 413 past
     `limit` decoded bytes or the parsed-size limit, 400 for a corrupt or truncated gzip."""
     max_parsed = _max_parsed(request)
-    parsed = 0
+    parsed = ParsedSize()
     async for chunk in _gunzipped(request, limit):
-        if max_parsed is not None:
-            parsed += parsed_estimate(chunk)
-            if parsed > max_parsed:
-                raise _too_large_parsed(max_parsed)
+        if max_parsed is not None and parsed.feed(chunk) > max_parsed:
+            raise _too_large_parsed(max_parsed)
         yield chunk
 
 
@@ -123,7 +219,7 @@ async def _gunzipped(request: Request, limit: int) -> AsyncIterator[bytes]:
                     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         if not inflater.eof:
             # Malformed like a body that is not JSON: 400, as the OpenAPI text of 400 says.
-        raise InvalidJSON("the gzip body is truncated")
+            raise InvalidJSON("the gzip body is truncated")
         return
     async for chunk in request.stream():
         size += len(chunk)
