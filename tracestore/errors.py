@@ -63,6 +63,18 @@ class Unauthorized(TracestoreError):
     code = "unauthorized"
 
 
+class Forbidden(TracestoreError):
+    """A valid API key whose role does not allow this (deleting needs `admin`)."""
+
+    code = "forbidden"
+
+
+class Pinned(Conflict):
+    """The run is pinned by a dataset: deleting it needs `force` (`pinned_by` names them)."""
+
+    code = "pinned"
+
+
 class InvalidRequest(TracestoreError):
     """A query parameter or path parameter is wrong."""
 

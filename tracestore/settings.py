@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, NamedTuple
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./tracestore.db"
@@ -20,23 +20,58 @@ UNKNOWN_KEY = "unknown-key"  # a key presented to a server that has none configu
 RESERVED_CLIENTS = frozenset({ANONYMOUS, OTHER, UNKNOWN_KEY})
 
 
+# What a key may do (`name:key:role`): `write` reads and ingests (a key without a role,
+# as before roles existed); `admin` also deletes runs and reads the deletion audit.
+ROLE_WRITE = "write"
+ROLE_ADMIN = "admin"
+ROLES = (ROLE_WRITE, ROLE_ADMIN)
+
+
 class ApiClient(NamedTuple):
-    """A configured API key and the name its requests are counted under."""
+    """A configured API key, the name its requests are counted under, and its role."""
 
     name: str
     key: str
+    role: str = ROLE_WRITE
 
 
 def parse_api_keys(entries: list[str]) -> list[ApiClient]:
-    """`name:key` entries keep their name; a bare `key` is named by its place, key-1 ..."""
+    """`name:key` entries keep their name; a bare `key` is named by its place, key-1 ...
+
+    `name:key:role` gives the key a role (ROLES); without one it is `write`.
+    """
     clients = []
     for number, entry in enumerate(entries, start=1):
         name, sep, key = entry.partition(":")
         if sep and CLIENT_NAME.fullmatch(name):
-            clients.append(ApiClient(name, key))
+            rest, colon, role = key.rpartition(":")
+            if colon and rest and role in ROLES:
+                clients.append(ApiClient(name, rest, role))
+            else:
+                clients.append(ApiClient(name, key))
         else:
             clients.append(ApiClient(f"key-{number}", entry))
     return clients
+
+
+class RetentionRuleSetting(BaseModel):
+    """A retention rule given in TRACESTORE_RETENTION_RULES (a JSON list of these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    max_age: str | None = Field(default=None, description="A duration: 30d, 12h, 2w.")
+    keep_last: int | None = Field(default=None, ge=0)
+    env_id: str | None = None
+    policy_id: str | None = None
+
+    @field_validator("max_age")
+    @classmethod
+    def _check_age(cls, value: str | None) -> str | None:
+        # The grammar of tracestore.retention.sweep.parse_age, checked at startup.
+        if value is not None and not re.fullmatch(r"\s*\d+(\.\d+)?\s*[smhdw]\s*", value):
+            raise ValueError(f"cannot read {value!r} as a duration: 90s, 30m, 12h, 30d, 2w")
+        return value
 
 
 class Settings(BaseSettings):
@@ -81,12 +116,13 @@ class Settings(BaseSettings):
         default=10_000, gt=0, description="Most rollouts accepted in one batch request."
     )
     max_parsed_bytes: int = Field(
-        default=6 * DEFAULT_MAX_BODY_BYTES,
+        default=400 * 1024 * 1024,
         gt=0,
         description=(
-            "Largest size a request body may take once parsed, estimated as it streams in "
-            'from its `{`, `[`, `,`, `"` and `.` (real rollouts take 4-6 bytes per byte; '
-            "a body of empty objects 24); past it, 413."
+            "Most memory one request body may take to ingest (its bytes, parsed value and "
+            "stored copies), estimated as it streams in from its characters (real rollouts "
+            "~17 bytes per byte, empty objects 75: tracestore/api/body.py); past it, 413. "
+            "The default keeps a worker under 512 MiB, twice the default in-flight limit."
         ),
     )
     db_pool_size: int = Field(
@@ -136,6 +172,39 @@ class Settings(BaseSettings):
             "Slowest average body rate, in bytes per second, accepted once a body has taken "
             "TRACESTORE_BODY_TIMEOUT seconds; slower uploads are cut with 408 (0: no floor)."
         ),
+    )
+    group_commit_wait_ms: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "Group commit of single posts (tracestore/ingest/group.py): the longest a group "
+            "about to be written waits for posts still arriving, in milliseconds. A lone "
+            "post waits for nobody."
+        ),
+    )
+    group_commit_max_rollouts: int = Field(
+        default=64,
+        gt=0,
+        description="Most single posts sharing one transaction (1: each post alone).",
+    )
+
+    retention_rules: list[RetentionRuleSetting] = Field(
+        default_factory=list,
+        description=(
+            "Retention rules besides those stored with `tracestore retention set`: a JSON "
+            'list of {"name", "max_age", "keep_last", "env_id", "policy_id"}.'
+        ),
+    )
+    retention_interval: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Seconds between the server's retention sweeps; 0 (the default): the server "
+            "never sweeps (run `tracestore retention apply` instead)."
+        ),
+    )
+    retention_batch_size: int = Field(
+        default=500, gt=0, description="Runs deleted per transaction by a retention sweep."
     )
 
     @field_validator("api_keys", mode="before")

@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "inspect": 4,
     "reports": 4,
     "backfill": 4,
+    "retention": 4,
     "metrics": 4,
     # storage
     "store": 3,

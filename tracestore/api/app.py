@@ -17,8 +17,9 @@ from tracestore.api.observability import Observability, ObservabilityMiddleware
 from tracestore.api.overload import Lanes
 from tracestore.api.pages.install import install as install_pages
 from tracestore.api.params import only_declared_query
-from tracestore.api.routes import convert, drift, inspect, reports, rollouts, service
+from tracestore.api.routes import admin, convert, drift, inspect, reports, rollouts, service
 from tracestore.db import migrate
+from tracestore.retention import schedule as retention_schedule
 from tracestore.settings import Settings
 from tracestore.wire.rollout import RolloutIn
 
@@ -63,9 +64,12 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         app.state.tracestore = AppState(
             settings=settings, engine=engine, observability=observability, lanes=lanes
         )
+        # The retention sweep on a schedule, when TRACESTORE_RETENTION_INTERVAL is set.
+        sweeper = retention_schedule.start(engine, settings)
         try:
             yield
         finally:
+            await retention_schedule.stop(sweeper)
             lanes.dispose()
 
     app = FastAPI(
@@ -89,6 +93,8 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     # Reports reach the store through their own connections: a read slot bounds them.
     app.include_router(reports.router, dependencies=[*keyed, Depends(read_slot)])
     app.include_router(rollouts.router, dependencies=keyed)
+    # DELETE on the run route; its own dependency asks for the admin role (api/deps.py).
+    app.include_router(admin.router, dependencies=keyed)
     app.include_router(drift.pages, dependencies=keyed)
     app.include_router(inspect.router, dependencies=keyed)
     install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)

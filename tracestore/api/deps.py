@@ -15,12 +15,14 @@ from sqlalchemy.orm import Session
 
 from tracestore.api.overload import Lanes
 from tracestore.api.pages.session import session_client
-from tracestore.errors import Unauthorized
-from tracestore.settings import ANONYMOUS, ApiClient, Settings
+from tracestore.errors import Forbidden, Unauthorized
+from tracestore.settings import ANONYMOUS, CLIENT_NAME, ROLE_ADMIN, ApiClient, Settings
 
 # Where the auth dependency leaves the name of the client a valid key belongs to (in the
 # request's scope state: the middleware counting legacy reads reads it there).
 CLIENT_STATE = "tracestore_client"
+# ... and the role of that key (settings.ROLES).
+ROLE_STATE = "tracestore_role"
 
 
 if TYPE_CHECKING:
@@ -98,15 +100,21 @@ def presented_key(request: Request) -> str | None:
     return None
 
 
-def identify(presented: str, clients: Sequence[ApiClient]) -> str | None:
-    """The name of the configured key `presented` is, compared in constant time; or None."""
+def identify_client(presented: str, clients: Sequence[ApiClient]) -> ApiClient | None:
+    """The configured key `presented` is (name, key, role), compared in constant time."""
     given = presented.encode()
     found = None
     for client in clients:
         # Compare against all keys (no early exit): timing says nothing about which matched.
         if hmac.compare_digest(given, client.key.encode()):
-            found = client.name
+            found = client
     return found
+
+
+def identify(presented: str, clients: Sequence[ApiClient]) -> str | None:
+    """The name of the configured key `presented` is, compared in constant time; or None."""
+    client = identify_client(presented, clients)
+    return None if client is None else client.name
 
 
 def key_is_valid(presented: str, keys: list[str]) -> bool:
@@ -126,15 +134,43 @@ def check_key(request: Request, settings: Settings) -> None:
             request.scope.setdefault("state", {})[CLIENT_STATE] = ANONYMOUS
             return
         raise Unauthorized("an API key is required: send X-API-Key or Authorization: Bearer")
-    name = identify(presented, settings.api_clients())
-    if name is None:
+    client = identify_client(presented, settings.api_clients())
+    if client is None:
         raise Unauthorized("the API key is not valid")
-    request.scope.setdefault("state", {})[CLIENT_STATE] = name
+    request.scope.setdefault("state", {})[CLIENT_STATE] = client.name
+    request.scope["state"][ROLE_STATE] = client.role
 
 
 async def require_api_key(request: Request, state: StateDep) -> None:
     """Refuse the request (401) when keys are configured and none valid is presented."""
     check_key(request, state.settings)
+
+
+async def require_admin(request: Request, state: StateDep) -> str:
+    """Refuse the request unless keys are off or its key has the admin role (401 without a
+    valid key, 403 with another role); returns who asks, for the audit."""
+    settings = state.settings
+    if not settings.api_keys:
+        # An open server (no keys): anyone may delete, as anyone may write; the audit
+        # records the label the client gives, if any.
+        label = request.headers.get("x-tracestore-client", "")
+        return label if CLIENT_NAME.fullmatch(label) else ANONYMOUS
+    if presented_key(request) is None:
+        # A browser's session cookie only reads: deleting needs the key itself.
+        raise Unauthorized("deleting needs an API key with the admin role: send X-API-Key")
+    check_key(request, settings)
+    scope_state = request.scope.get("state", {})
+    if scope_state.get(ROLE_STATE) != ROLE_ADMIN:
+        raise Forbidden(
+            f"the API key {scope_state.get(CLIENT_STATE)!r} has the role "
+            f"{scope_state.get(ROLE_STATE)!r}; deleting needs a key with the admin role "
+            "(TRACESTORE_API_KEYS entry NAME:KEY:admin)"
+        )
+    name: str = scope_state[CLIENT_STATE]
+    return name
+
+
+AdminDep = Annotated[str, Depends(require_admin)]
 
 
 async def require_metrics_key(request: Request, state: StateDep) -> None:

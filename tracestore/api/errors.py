@@ -34,6 +34,7 @@ class JSONBody(Response):
 STATUS: dict[type[errors.TracestoreError], int] = {
     errors.InvalidJSON: 400,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.PayloadTooLarge: 413,
@@ -46,6 +47,7 @@ STATUS: dict[type[errors.TracestoreError], int] = {
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",

@@ -9,10 +9,12 @@ import typer
 
 from tracestore import __version__
 from tracestore.cli import convert as convert_cli
+from tracestore.cli import dataset as dataset_cli
 from tracestore.cli import db as db_cli
 from tracestore.cli import drift as drift_cli
 from tracestore.cli import importer as importer_cli
 from tracestore.cli import reports as reports_cli
+from tracestore.cli import retention as retention_cli
 from tracestore.cli import spool as spool_cli
 from tracestore.cli.common import (
     DbOption,
@@ -24,6 +26,7 @@ from tracestore.cli.common import (
     stdout_is_terminal,
     store_url,
 )
+from tracestore.cli.delete import delete
 from tracestore.cli.demo import demo
 from tracestore.cli.ingest import ingest
 from tracestore.cli.remote import (
@@ -49,11 +52,14 @@ app = typer.Typer(
 app.add_typer(db_cli.app, name="db")
 app.command(name="ingest")(ingest)
 app.command(name="demo")(demo)
+app.command(name="delete")(delete)
 convert_cli.register(app)
 drift_cli.register(app)
 importer_cli.register(app)
 reports_cli.register(app)
 spool_cli.register(app)
+retention_cli.register(app, db_cli.app)
+dataset_cli.register(app)
 
 
 def _version(value: bool) -> None:

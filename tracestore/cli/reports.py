@@ -104,6 +104,30 @@ StoreOption = Annotated[
 ]
 
 
+DatasetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dataset",
+        help="Only the runs of this dataset ('tracestore dataset create'), from the live store.",
+        show_default=False,
+    ),
+]
+
+
+@contextmanager
+def _dataset_snapshot(db: str | None, dataset: str) -> Iterator[Path]:
+    """A temporary Parquet snapshot of exactly the dataset's runs (removed afterwards)."""
+    import tempfile
+
+    from tracestore.reports.export import export_dataset
+
+    url = _live_url(db)
+    with tempfile.TemporaryDirectory(prefix="tracestore-dataset-") as tmp:
+        out = Path(tmp) / dataset
+        export_dataset(url, out, dataset)
+        yield out
+
+
 @contextmanager
 def _snapshot(snapshot: Path, store: str | None) -> Iterator[Analytics]:
     """DuckDB over a Parquet snapshot or a Delta lake (--from), closed at the end."""
@@ -265,6 +289,7 @@ def report(
     db: DbOption = None,
     snapshot: FromOption = None,
     store: StoreOption = None,
+    dataset: DatasetOption = None,
 ) -> None:
     """Run a named DuckDB report over the store (or a snapshot): 'tracestore report --list'.
 
@@ -291,6 +316,17 @@ def report(
             fail("--format parquet writes a file: give -o FILE")
         from tracestore.reports import live
 
+        if dataset is not None:
+            if snapshot is not None or store is not None:
+                fail("--dataset reads the live store: no --from or --store")
+            with (
+                working(f"report {chosen.name} on dataset {dataset}"),
+                _dataset_snapshot(db, dataset) as path,
+                _snapshot(path, None) as analytics,
+            ):
+                result = run_report(analytics, chosen, filters)
+            _emit(result, fmt, output)
+            return
         with working(f"report {chosen.name}"):
             result = _results(
                 db,
@@ -401,6 +437,7 @@ def export(
         ),
     ] = False,
     db: DbOption = None,
+    dataset: DatasetOption = None,
 ) -> None:
     """Export the store's tables as Parquet or Delta Lake, partitioned by day.
 
@@ -424,14 +461,22 @@ def export(
             revision = migrate.current_revision(engine)
         finally:
             engine.dispose()
-        summary = live.export(
-            url,
-            directory,
-            filters,
-            fmt=fmt.value,
-            incremental=incremental,
-            schema_revision=revision,
-        )
+        if dataset is not None:
+            # A new Parquet snapshot of exactly the dataset's runs (its manifest names it).
+            if incremental or fmt is not ExportFormat.parquet or since or until:
+                fail("--dataset exports a new Parquet snapshot: no --incremental, delta or window")
+            from tracestore.reports.export import export_dataset
+
+            summary = export_dataset(url, directory, dataset, schema_revision=revision)
+        else:
+            summary = live.export(
+                url,
+                directory,
+                filters,
+                fmt=fmt.value,
+                incremental=incremental,
+                schema_revision=revision,
+            )
     for notice in summary.notices:
         note(notice)
     rows = summary.rows

@@ -59,6 +59,7 @@ from tracestore.reports.snapshot import (
     read_manifest,
     sha256_file,
 )
+from tracestore.reports.watermark import SQLITE as SQLITE_KIND
 from tracestore.reports.watermark import Cut
 
 PARTITION = "day"
@@ -69,8 +70,12 @@ RUN_COLUMNS = ("run_id", "ingest_seq")
 STORE_COLUMN = "store_id"
 # Tables exported whole each time, not by run.
 WHOLE_TABLES = frozenset({"legacy_reads"})
-# Store tables an export leaves out besides EXCLUDED_TABLES: the store's id is on every row.
-NOT_EXPORTED = frozenset({"store_identity"})
+# Store tables an export leaves out besides EXCLUDED_TABLES: the store's id is on every row;
+# the deletion audit, datasets and retention rules are the store's own bookkeeping (a
+# Delta export applies the deletions instead, and a dataset's export names it).
+NOT_EXPORTED = frozenset(
+    {"store_identity", "run_deletions", "datasets", "dataset_runs", "retention_rules"}
+)
 
 
 class LakeFormat(StrEnum):
@@ -147,8 +152,12 @@ def export_snapshot(
     incremental: bool = False,
     extension_dir: Path | None = None,
     schema_revision: str | None = None,
+    dataset: str | None = None,
 ) -> ExportSummary:
     """Export the runs `cut` and `filters` select to `out` as Parquet or Delta Lake.
+
+    `dataset`: only the runs of that dataset (a new Parquet snapshot; its manifest names
+    the dataset and its manifest hash).
 
     Parquet: a new snapshot in a new or empty directory, or with `incremental` the next
     batch of an existing one. Delta: into a lake directory, replacing the rows of the
@@ -162,6 +171,8 @@ def export_snapshot(
             "--incremental takes no --since/--until: it exports every run past the last export"
         )
     fmt = LakeFormat(fmt)
+    if dataset is not None and (incremental or fmt is LakeFormat.delta):
+        raise InvalidRequest("--dataset exports a new Parquet snapshot: no --incremental or delta")
     started = time.monotonic()
     out = out.expanduser().resolve()
     if fmt is LakeFormat.delta:
@@ -171,7 +182,9 @@ def export_snapshot(
             summary = _export_parquet_more(engine, out, cut, extension_dir, schema_revision)
     else:
         # A first incremental export is a new snapshot (that --incremental can continue).
-        summary = _export_parquet_new(engine, out, filters, cut, extension_dir, schema_revision)
+        summary = _export_parquet_new(
+            engine, out, filters, cut, extension_dir, schema_revision, dataset
+        )
     return ExportSummary(
         path=summary.path,
         format=summary.format,
@@ -283,6 +296,12 @@ class _Batch:
     first_received: str | None
     last_received: str | None
     tables: dict[str, _Staged]
+    # The dataset the batch is limited to (its header), and for a Delta export the runs
+    # deleted from the store since the last one: (run_id, ingest_seq), and where the
+    # next export starts reading the audit (issue 20).
+    dataset: dict[str, Any] | None = None
+    deletions: list[tuple[str, int | None]] = field(default_factory=list)
+    deletions_upto: int | None = None
 
 
 def _stage(
@@ -292,17 +311,28 @@ def _stage(
     cut: Cut,
     after: int | None,
     extension_dir: Path | None,
+    dataset: str | None = None,
+    deletions_after: int | None = None,
 ) -> tuple[_Batch, list[str]]:
     with open_live(engine, extension_dir=extension_dir, writable_dir=staging) as analytics:
         con = analytics.con
+        header = _dataset_header(con, dataset) if dataset is not None else None
         con.execute(
             "CREATE TEMP TABLE _export_runs AS "
             "SELECT id AS run_pk, run_id, ingest_seq, received_at, "
             "CAST(timezone('UTC', received_at) AS DATE) AS day "
             "FROM runs WHERE ingest_seq < $upto AND ($after IS NULL OR ingest_seq >= $after) "
             "AND ($since IS NULL OR received_at >= $since) "
-            "AND ($until IS NULL OR received_at < $until)",
-            {"upto": cut.upto, "after": after, "since": filters.since, "until": filters.until},
+            "AND ($until IS NULL OR received_at < $until) "
+            "AND ($dataset IS NULL OR run_id IN (SELECT r.run_id FROM dataset_runs AS r "
+            "JOIN datasets AS d ON d.id = r.dataset_pk WHERE d.name = $dataset))",
+            {
+                "upto": cut.upto,
+                "after": after,
+                "since": filters.since,
+                "until": filters.until,
+                "dataset": dataset,
+            },
         )
         span = con.execute(
             "SELECT count(*), CAST(min(received_at) AS VARCHAR), "
@@ -324,7 +354,76 @@ def _stage(
             # the table is then read through SQLAlchemy and written again.
             tables[name] = analytics.retrying(write)
         notices = list(analytics.notices)
-    return _Batch(int(span[0]), _iso(span[1]), _iso(span[2]), tables), notices
+        batch = _Batch(int(span[0]), _iso(span[1]), _iso(span[2]), tables, header)
+        if deletions_after is not None:
+            batch.deletions, batch.deletions_upto = _deletions(con, cut, deletions_after)
+    return batch, notices
+
+
+def _dataset_header(con: Any, name: str) -> dict[str, Any]:
+    """The dataset's name, count and manifest hash, as the store holds them."""
+    row = con.execute(
+        "SELECT name, n_runs, manifest_hash, CAST(created_at AS VARCHAR) FROM datasets "
+        "WHERE name = $name",
+        {"name": name},
+    ).fetchone()
+    if row is None:
+        raise InvalidRequest(f"no dataset named {name!r}", name=name)
+    return {"name": row[0], "n_runs": row[1], "manifest_hash": row[2], "created_at": row[3]}
+
+
+def _deletions(con: Any, cut: Cut, after: int) -> tuple[list[tuple[str, int | None]], int]:
+    """Runs deleted from the store with `after <= deletion_seq < upto`, and `upto`.
+
+    `deletion_seq` is assigned like `ingest_seq` (store/deletion.py): on PostgreSQL the
+    deleting transaction's id, bounded by the cut's watermark (every deletion below it has
+    committed); on SQLite a commit-ordered counter, read here in one snapshot (a deletion
+    still open holds a larger value, so the next export takes it).
+    """
+    if cut.kind == SQLITE_KIND:
+        upto = con.execute(
+            "SELECT coalesce(max(deletion_seq), 0) + 1 FROM run_deletions"
+        ).fetchone()[0]
+        upto = max(int(upto), after)
+    else:
+        upto = cut.upto
+    rows = con.execute(
+        "SELECT run_id, ingest_seq FROM run_deletions "
+        "WHERE deletion_seq >= $after AND deletion_seq < $upto ORDER BY deletion_seq",
+        {"after": after, "upto": upto},
+    ).fetchall()
+    return [(str(r[0]), None if r[1] is None else int(r[1])) for r in rows], upto
+
+
+# Runs per Delta delete: the predicate names each (run_id, ingest_seq) pair.
+_DELETE_CHUNK = 200
+
+
+def _delete_from_lake(out: Path, store_id: str, deletions: list[tuple[str, int | None]]) -> int:
+    """Delete the rows of deleted runs from every run table of the lake; returns the Delta
+    commits made. A run is named with its ingest_seq: the same run_id stored again later
+    (a new run) keeps its rows."""
+    from deltalake import DeltaTable
+
+    if not deletions:
+        return 0
+    commits = 0
+    store = f"{STORE_COLUMN} = {lake.sql_string(store_id)}"
+    tables = [p for p in sorted(out.iterdir()) if p.name not in WHOLE_TABLES]
+    for path in tables:
+        if not lake.is_delta_table(path):
+            continue
+        table = DeltaTable(str(path))
+        for start in range(0, len(deletions), _DELETE_CHUNK):
+            runs = " OR ".join(
+                f"(run_id = {lake.sql_string(run_id)}"
+                + ("" if seq is None else f" AND ingest_seq = {int(seq)}")
+                + ")"
+                for run_id, seq in deletions[start : start + _DELETE_CHUNK]
+            )
+            table.delete(f"{store} AND ({runs})")
+            commits += 1
+    return commits
 
 
 def _iso(text: str | None) -> str | None:
@@ -381,11 +480,12 @@ def _export_parquet_new(
     cut: Cut,
     extension_dir: Path | None,
     schema_revision: str | None,
+    dataset: str | None = None,
 ) -> ExportSummary:
     _check_empty_target(out)
     staging = _staging_dir(out)
     try:
-        batch, notices = _stage(engine, staging, filters, cut, None, extension_dir)
+        batch, notices = _stage(engine, staging, filters, cut, None, extension_dir, dataset)
         tables = {
             name: {
                 "rows": staged.rows,
@@ -419,6 +519,8 @@ def _export_parquet_new(
                 "meaning": "UTC date the run was received; rows of a run share its day",
             },
             "excluded_tables": sorted(EXCLUDED_TABLES),
+            # The dataset this snapshot holds exactly (null: the store's runs).
+            "dataset": batch.dataset,
             "tables": tables,
             "schema_revision": schema_revision,
             "source": _source(engine, notices),
@@ -612,8 +714,13 @@ def _export_delta(
                 f"the lake holds store {cut.store_id} up to sequence {after}, past its {cut.upto}"
             )
         staging = _staging_dir(out)
+        deletions_after = int(state.data.get("deletions_upto") or 0)
         try:
-            batch, notices = _stage(engine, staging, filters, cut, after, extension_dir)
+            batch, notices = _stage(
+                engine, staging, filters, cut, after, extension_dir, None, deletions_after
+            )
+            # Runs deleted from the store since the last export leave the lake first.
+            deletion_commits = _delete_from_lake(out, cut.store_id, batch.deletions)
             store = f"{STORE_COLUMN} = {lake.sql_string(cut.store_id)}"
             if window:
                 by_run = " AND ".join([store, *window])
@@ -654,7 +761,12 @@ def _export_delta(
             "window": window,
             "rows": written,
             "versions": versions,
+            "deleted_runs": len(batch.deletions),
+            "deletions": {"after": deletions_after, "upto": batch.deletions_upto},
+            "deletion_commits": deletion_commits,
         }
+        # Where the next export starts reading the deletion audit (kept in the state).
+        state.data["deletions_upto"] = batch.deletions_upto
         data = lake.record_export(out, state, cut.kind, cut.upto if complete else None, entry)
     return ExportSummary(
         path=out,
@@ -668,3 +780,41 @@ def _export_delta(
         seconds=0.0,
         notices=notices,
     )
+
+
+# --- a dataset's runs (issue 20) ----------------------------------------------------------
+
+
+def export_dataset(
+    url: str, out: Path, dataset: str, *, schema_revision: str | None = None
+) -> ExportSummary:
+    """A new Parquet snapshot of exactly the runs of `dataset` (and their rows), from the
+    live store at `url`: cut and run where reports/live.py runs a full export."""
+    from tracestore.reports import live
+
+    # live.export's own steps, with the dataset: the cut in this process, the DuckDB work
+    # in the child that reads a live SQLite store (in this process for PostgreSQL).
+    cut = live._cut(url)
+    return live._dispatch(url, _export_dataset_in, out, dataset, cut, schema_revision)
+
+
+def _export_dataset_in(
+    url: str, ext: str | None, out: Path, dataset: str, cut: Cut, schema_revision: str | None
+) -> ExportSummary:
+    from sqlalchemy.pool import NullPool
+
+    from tracestore.db.engine import create_engine
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        return export_snapshot(
+            engine,
+            out,
+            Filters(),
+            cut,
+            extension_dir=Path(ext) if ext is not None else None,
+            schema_revision=schema_revision,
+            dataset=dataset,
+        )
+    finally:
+        engine.dispose()
