@@ -289,14 +289,11 @@ def legit_rollout_under_cap() -> Body:
 
 
 def repeated_key_rollout() -> Body:
-    """Known open: a rollout repeating a key after 4 MiB of empty objects. Refused (422)
-    only after tracestore/jsontext.py's first_repeated_key has parsed it a second time
-    and listed a path for every value."""
-    return Body(
-        "/v1/rollouts",
-        "application/json",
-        _padded("repeated", b"[", b"{},", b'{"a":1,"a":1}]', (4 * MIB) // 3),
-    )
+    """A rollout of empty objects as large as the estimate admits, repeating a key at its
+    end: refused (422) only after tracestore/jsontext.py's first_repeated_key has parsed
+    it a second time (orjson's value dropped first; no path kept per value)."""
+    raw = _largest_under_cap(lambda n: _padded("repeated", b"[", b"{},", b'{"a":1,"a":1}]', n))
+    return Body("/v1/rollouts", "application/json", raw)
 
 
 def header_line_8mb() -> Callable[[Server], str]:
@@ -426,7 +423,7 @@ ATTACKS: dict[str, tuple[str, Make]] = {
         concurrent_tiny_values_under_cap,
     ),
     "repeated_key_rollout": (
-        "(known open) one rollout repeating a key after 4 MiB of empty objects",
+        "one rollout of empty objects the estimate admits, repeating a key at its end",
         repeated_key_rollout,
     ),
 }
