@@ -8,8 +8,6 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
-
 from tests.lake.conftest import (
     RUN_TABLES,
     LakeStore,
@@ -100,16 +98,11 @@ def test_a_dataset_exports_exactly_its_runs(lake_store: LakeStore, tmp_path: Pat
 
 
 def test_deleting_the_newest_run_keeps_incremental_exports_going(
-    lake_store: LakeStore, tmp_path: Path, request: pytest.FixtureRequest
+    lake_store: LakeStore, tmp_path: Path
 ) -> None:
-    # Known gap on SQLite (left to the owners of store/rollouts.py and
-    # reports/watermark.py): ingest_seq and the export's watermark are max(ingest_seq) + 1
-    # over `runs`, so deleting the newest run lowers both. The next incremental export
-    # then refuses ("holds runs up to sequence N, past its N - 1"), and a run stored after
-    # it can reuse the deleted run's sequence. The fix: take the max over runs and
-    # run_deletions.ingest_seq (indexed by revision 0006) in both places.
-    if lake_store.backend == "sqlite":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="SQLite ingest_seq reuse"))
+    # On SQLite ingest_seq and the export's watermark are max + 1: over `runs` alone,
+    # deleting the newest run lowered both, the next incremental export refused ("holds
+    # runs up to sequence N, past its N - 1") and the next run reused the sequence.
     lake = tmp_path / "lake"
     lake_store.ingest("old", "newest")
     lake_store.export(lake)

@@ -35,11 +35,12 @@ from sqlalchemy import Connection, Engine, text
 
 from tracestore.db.engine import write_engine
 from tracestore.errors import InvalidRequest
+from tracestore.store.rollouts import MAX_INGEST_SEQ
 
 SQLITE = "sqlite_counter"
 POSTGRESQL = "postgresql_xact_id"
 _SQLITE_UNSEQUENCED = text("SELECT 1 FROM runs WHERE ingest_seq IS NULL LIMIT 1")
-_SQLITE_UPTO = text("SELECT coalesce(max(ingest_seq), 0) + 1 FROM runs")
+_SQLITE_UPTO = text(f"SELECT ({MAX_INGEST_SEQ.text}) + 1")
 _PG_WATERMARK = text("SELECT (pg_snapshot_xmin(pg_current_snapshot()))::text::bigint")
 # The oldest transaction that holds the watermark back, for the notice (best effort: the
 # columns of other users' sessions are hidden from a role without pg_read_all_stats).
@@ -91,7 +92,7 @@ def publish(conn: Connection) -> int:
     todo = list(ids)
     if not todo:
         return 0
-    start = conn.execute(text("SELECT coalesce(max(ingest_seq), 0) FROM runs")).scalar_one()
+    start = conn.execute(MAX_INGEST_SEQ).scalar_one()
     conn.execute(
         text("UPDATE runs SET ingest_seq = :seq WHERE id = :id"),
         [{"seq": start + 1 + i, "id": run_pk} for i, run_pk in enumerate(todo)],

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Table, func, insert, select
+from sqlalchemy import Connection, Table, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from tracestore.db.bulk import allocate_ids, bulk_insert
@@ -129,7 +129,13 @@ _FIND_RUN = select(
     RUNS.c.trace_kind,
 )
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
-_MAX_INGEST_SEQ = select(func.coalesce(func.max(RUNS.c.ingest_seq), 0))
+# The highest ingest sequence given so far on SQLite, deleted runs' included: else a run
+# stored after the newest was deleted would reuse its sequence, one a lake export has
+# already passed (SQLite's two-argument max() is a scalar).
+MAX_INGEST_SEQ = text(
+    "SELECT max(coalesce((SELECT max(ingest_seq) FROM runs), 0), "
+    "coalesce((SELECT max(ingest_seq) FROM run_deletions), 0))"
+)
 _RECEIVED = {
     "origin": "received",
     "converter": None,
@@ -281,7 +287,7 @@ def _ingest_seqs(conn: Connection, n: int) -> list[int]:
     """
     if conn.dialect.name != "sqlite" or n == 0:
         return []
-    start = conn.execute(_MAX_INGEST_SEQ).scalar_one()
+    start = conn.execute(MAX_INGEST_SEQ).scalar_one()
     return list(range(start + 1, start + 1 + n))
 
 
