@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from bench import fetch, ingest_breakdown, lookup, memory
+from bench import concurrency, fetch, ingest_breakdown, lookup, memory
 from bench import ingest as ingest_bench
 from bench.common import fresh_database, pg_available
 from bench.corpus import corpus
@@ -110,6 +110,8 @@ def run_all(size: str, backends: list[str]) -> dict[str, Any]:
     out["breakdown"] = ingest_breakdown.run(
         backends, n_multi=min(cfg["multi"], 100), n_single=min(cfg["single"], 1000)
     )
+    # Many concurrent single posts next to the batch route (issue 19).
+    out["concurrency"] = concurrency.run(size, backends)
     # The DuckDB reports benchmark (live store vs Parquet snapshot) runs as its own process.
     args = [sys.executable, "-m", "bench.reports_bench"]
     args += ["--quick"] if size == "quick" else []
@@ -180,6 +182,13 @@ def table(results: dict[str, Any]) -> str:
             "In-process ingest per rollout, batches of 50 (`python -m bench.ingest_breakdown`):",
             "",
             ingest_breakdown.markdown(results["breakdown"]),
+        ]
+    if results.get("concurrency"):
+        lines += [
+            "",
+            "Concurrent single posts next to the batch route (`python -m bench concurrency`):",
+            "",
+            concurrency.markdown(results["concurrency"]),
         ]
     if results.get("reports"):
         lines += ["", results["reports"].get("markdown", "")]
@@ -280,7 +289,10 @@ def targets(results: dict[str, Any]) -> str:
 def main() -> None:
     """Parse arguments, run, write and print the results."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["all"], help="what to run")
+    if sys.argv[1:2] == ["concurrency"]:
+        concurrency.main(sys.argv[2:])
+        return
+    parser.add_argument("what", choices=["all", "concurrency"], help="what to run")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_const", const="quick", dest="size")
     group.add_argument("--full", action="store_const", const="full", dest="size")

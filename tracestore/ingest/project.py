@@ -85,35 +85,49 @@ def _extra(obj: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any] | No
 
 
 class _Typer:
-    """Typed reads from trace JSON that name the failing path in their error."""
+    """Typed reads from trace JSON that name the failing path in their error.
+
+    A path is given as a prefix (a string, or a `_Where` built only when something fails)
+    and a suffix: on the hot path, where every value has its type, no path is ever built.
+    """
 
     def __init__(self) -> None:
         self.errors: list[dict[str, str]] = []
 
-    def fail(self, path: str, expected: str, value: object) -> None:
+    def fail(self, path: object, expected: str, value: object, suffix: str = "") -> None:
         self.errors.append(
-            {"path": path, "message": f"expected {expected}, got {type(value).__name__}"}
+            {
+                "path": f"{path}{suffix}",
+                "message": f"expected {expected}, got {type(value).__name__}",
+            }
         )
 
-    def num(self, value: object, path: str) -> float | None:
+    def num(self, value: object, path: object, suffix: str = "") -> float | None:
         if value is None:
             return None
+        kind = type(value)
+        if kind is float:
+            return value  # type: ignore[return-value]  # exactly a float
+        if kind is int:
+            return float(value)  # type: ignore[arg-type]  # exactly an int
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(path, "a number or null", value)
+            self.fail(path, "a number or null", value, suffix)
             return None
         return float(value)
 
-    def int(self, value: object, path: str) -> int | None:
+    def int(self, value: object, path: object, suffix: str = "") -> int | None:
         if value is None:
             return None
+        if type(value) is int and -_INT64 <= value < _INT64:
+            return value
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
-            self.fail(path, "an integer (64-bit) or null", value)
+            self.fail(path, "an integer (64-bit) or null", value, suffix)
             return None
         return value
 
-    def bool(self, value: object, path: str) -> bool | None:
+    def bool(self, value: object, path: object, suffix: str = "") -> bool | None:
         if value is None or isinstance(value, bool):
             return value
         if type(value) is int and value in (0, 1):
@@ -121,69 +135,78 @@ class _Typer:
             # (trace_utils.load_session_trace) gives `terminated` and `truncated` as 0/1.
             # The typed column reads them as false/true; the document keeps the 0/1.
             return value == 1
-        self.fail(path, "true, false or null", value)
+        self.fail(path, "true, false or null", value, suffix)
         return None
 
-    def str(self, value: object, path: str) -> str | None:
-        if value is None or isinstance(value, str):
+    def str(self, value: object, path: object, suffix: str = "") -> str | None:
+        if value is None or type(value) is str:
+            return value  # None or exactly a str
+        if isinstance(value, str):
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return repr(value)  # ids written as numbers by hand-built producers
-        self.fail(path, "a string or null", value)
+        self.fail(path, "a string or null", value, suffix)
         return None
 
 
-def _event_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[str, Any]:
+def _mapping(value: object) -> bool:
+    # dict first: parsed JSON is dicts, and the Mapping ABC check is several times slower.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _event_row(placed: Placed, position: int, t: _Typer, path: object) -> dict[str, Any]:
     e = placed.item
-    if not isinstance(e, Mapping):
+    if not _mapping(e):
         t.fail(path, "an object", e)
         e = {}
-    time_record = e.get("time_record")
+    get = e.get
+    time_record = get("time_record")
     return {
         "position": position,
         "position_in_step": placed.position_in_step,
         "history_position": placed.history_position,
         "event_type": infer_event_type(e),
-        "system_instance_id": t.str(e.get("system_instance_id"), f"{path}.system_instance_id"),
+        "system_instance_id": t.str(get("system_instance_id"), path, ".system_instance_id"),
         "event_time": t.num(
-            time_record.get("event_time") if isinstance(time_record, Mapping) else None,
-            f"{path}.time_record.event_time",
+            time_record.get("event_time") if _mapping(time_record) else None,
+            path,
+            ".time_record.event_time",
         ),
         "time_record": time_record,
-        "reward": t.num(e.get("reward"), f"{path}.reward"),
-        "terminated": t.bool(e.get("terminated"), f"{path}.terminated"),
-        "truncated": t.bool(e.get("truncated"), f"{path}.truncated"),
-        "actions": e.get("actions"),
-        "system_state_before": e.get("system_state_before"),
-        "system_state_after": e.get("system_state_after"),
-        "model_name": t.str(e.get("model_name"), f"{path}.model_name"),
-        "provider": t.str(e.get("provider"), f"{path}.provider"),
-        "input_tokens": t.int(e.get("input_tokens"), f"{path}.input_tokens"),
-        "output_tokens": t.int(e.get("output_tokens"), f"{path}.output_tokens"),
-        "total_tokens": t.int(e.get("total_tokens"), f"{path}.total_tokens"),
-        "cost_usd": t.num(e.get("cost_usd"), f"{path}.cost_usd"),
-        "latency_ms": t.num(e.get("latency_ms"), f"{path}.latency_ms"),
-        "span_id": t.str(e.get("span_id"), f"{path}.span_id"),
-        "trace_id": t.str(e.get("trace_id"), f"{path}.trace_id"),
-        "call_records": e.get("call_records"),
-        "metadata": e.get("metadata"),
-        "event_metadata": e.get("event_metadata"),
+        "reward": t.num(get("reward"), path, ".reward"),
+        "terminated": t.bool(get("terminated"), path, ".terminated"),
+        "truncated": t.bool(get("truncated"), path, ".truncated"),
+        "actions": get("actions"),
+        "system_state_before": get("system_state_before"),
+        "system_state_after": get("system_state_after"),
+        "model_name": t.str(get("model_name"), path, ".model_name"),
+        "provider": t.str(get("provider"), path, ".provider"),
+        "input_tokens": t.int(get("input_tokens"), path, ".input_tokens"),
+        "output_tokens": t.int(get("output_tokens"), path, ".output_tokens"),
+        "total_tokens": t.int(get("total_tokens"), path, ".total_tokens"),
+        "cost_usd": t.num(get("cost_usd"), path, ".cost_usd"),
+        "latency_ms": t.num(get("latency_ms"), path, ".latency_ms"),
+        "span_id": t.str(get("span_id"), path, ".span_id"),
+        "trace_id": t.str(get("trace_id"), path, ".trace_id"),
+        "call_records": get("call_records"),
+        "metadata": get("metadata"),
+        "event_metadata": get("event_metadata"),
         "extra": _extra(e, EVENT_KEYS),
     }
 
 
-def _message_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[str, Any]:
+def _message_row(placed: Placed, position: int, t: _Typer, path: object) -> dict[str, Any]:
     m = placed.item
-    if not isinstance(m, Mapping):
+    if not _mapping(m):
         t.fail(path, "an object", m)
         m = {}
     content = m.get("content")
     text: str | None = None
     payload: str | None = None
     extra = _extra(m, MESSAGE_KEYS) or {}
-    if isinstance(content, Mapping):
-        text = t.str(content.get("text"), f"{path}.content.text")
-        payload = t.str(content.get("json_payload"), f"{path}.content.json_payload")
+    if _mapping(content):
+        text = t.str(content.get("text"), path, ".content.text")
+        payload = t.str(content.get("json_payload"), path, ".content.json_payload")
         other = {k: v for k, v in content.items() if k not in ("text", "json_payload")}
         if other:
             extra["content"] = other
@@ -192,16 +215,16 @@ def _message_row(placed: Placed, position: int, t: _Typer, path: str) -> dict[st
     elif content is not None:
         extra["content"] = content
     time_record = m.get("time_record")
-    tr = time_record if isinstance(time_record, Mapping) else {}
+    tr = time_record if _mapping(time_record) else {}
     return {
         "position": position,
         "position_in_step": placed.position_in_step,
         "history_position": placed.history_position,
-        "message_type": t.str(m.get("message_type"), f"{path}.message_type"),
+        "message_type": t.str(m.get("message_type"), path, ".message_type"),
         "text": text,
         "json_payload": payload,
-        "event_time": t.num(tr.get("event_time"), f"{path}.time_record.event_time"),
-        "message_time": t.num(tr.get("message_time"), f"{path}.time_record.message_time"),
+        "event_time": t.num(tr.get("event_time"), path, ".time_record.event_time"),
+        "message_time": t.num(tr.get("message_time"), path, ".time_record.message_time"),
         "metadata": m.get("metadata"),
         "extra": extra or None,
     }
@@ -236,16 +259,16 @@ def project_trace(
     if view is None:
         return rows
     for s, step in enumerate(view.time_steps):
-        sp = f"{sess_path}.session_time_steps[{s}]"
-        if not isinstance(step, Mapping):
+        sp = _StepWhere(sess_path, s)
+        if not _mapping(step):
             t.fail(sp, "an object", step)
             continue
         rows.time_steps.append(
             {
                 "position": s,
-                "step_id": t.str(step.get("step_id"), f"{sp}.step_id"),
-                "step_index": t.int(step.get("step_index"), f"{sp}.step_index"),
-                "turn_number": t.int(step.get("turn_number"), f"{sp}.turn_number"),
+                "step_id": t.str(step.get("step_id"), sp, ".step_id"),
+                "step_index": t.int(step.get("step_index"), sp, ".step_index"),
+                "turn_number": t.int(step.get("turn_number"), sp, ".turn_number"),
                 "timestamp": parse_datetime(step.get("timestamp")),
                 "completed_at": parse_datetime(step.get("completed_at")),
                 "step_metadata": step.get("step_metadata"),
@@ -253,10 +276,10 @@ def project_trace(
             }
         )
     for i, placed in enumerate(view.events):
-        rows.events.append(_event_row(placed, i, t, _where(sess_path, placed, "events")))
+        rows.events.append(_event_row(placed, i, t, _Where(sess_path, placed, "events")))
         rows.event_steps.append(placed.step_position)
     for i, placed in enumerate(view.messages):
-        rows.messages.append(_message_row(placed, i, t, _where(sess_path, placed, "messages")))
+        rows.messages.append(_message_row(placed, i, t, _Where(sess_path, placed, "messages")))
         rows.message_steps.append(placed.step_position)
     rows.trace["n_time_steps"] = len(rows.time_steps)
     rows.trace["n_events"] = len(rows.events)
@@ -275,6 +298,30 @@ def project_trace_document(trace: Mapping[str, Any], path: str = "trace") -> Tra
             errors=t.errors[:50],
         )
     return rows
+
+
+class _StepWhere:
+    """Where a time step is, written out only when an error names it."""
+
+    __slots__ = ("position", "sess_path")
+
+    def __init__(self, sess_path: str, position: int) -> None:
+        self.sess_path, self.position = sess_path, position
+
+    def __str__(self) -> str:
+        return f"{self.sess_path}.session_time_steps[{self.position}]"
+
+
+class _Where:
+    """Where an event or message is, written out only when an error names it."""
+
+    __slots__ = ("placed", "sess_path", "what")
+
+    def __init__(self, sess_path: str, placed: Placed, what: str) -> None:
+        self.sess_path, self.placed, self.what = sess_path, placed, what
+
+    def __str__(self) -> str:
+        return _where(self.sess_path, self.placed, self.what)
 
 
 def _where(sess_path: str, placed: Placed, what: str) -> str:

@@ -110,31 +110,41 @@ def ingest_bytes(engine: Engine, raw: bytes, doc: Any = _MISSING) -> IngestResul
 
     `doc` is the document already parsed from `raw`, when the caller has it.
     """
-    return store_prepared(engine, [prepare(raw, doc)])[0]
+    with cyclic_gc_paused():  # see ingest_many
+        return store_prepared(engine, [prepare(raw, doc)])[0]
 
 
 def ingest_many(engine: Engine, items: Sequence[bytes | tuple[bytes, Any]]) -> list[IngestResult]:
     """Ingest several documents (raw bytes, or (bytes, parsed) pairs), each standing or
     falling alone: a bad one becomes an `invalid` result, in its place."""
+    # Paused across the batch and its write: its parsed documents are all alive until
+    # _ingest_many returns, and reference counting frees them then. Resumed while they
+    # were alive, the collector's first pass walked every one of them (a collection of
+    # all generations, given how much was allocated meanwhile): 18% of a server's CPU
+    # under single posts in groups (bench/README.md).
+    with cyclic_gc_paused():
+        return _ingest_many(engine, items)
+
+
+def _ingest_many(engine: Engine, items: Sequence[bytes | tuple[bytes, Any]]) -> list[IngestResult]:
     results: list[IngestResult | None] = []
     ready: list[tuple[int, Prepared]] = []
-    with cyclic_gc_paused():  # across the batch: its parsed documents are all alive
-        for item in items:
-            raw, doc = (item, _MISSING) if isinstance(item, bytes) else item
-            try:
-                if doc is _MISSING:
-                    doc = parse_json(raw)  # here, so a refusal can still name the run_id
-                ready.append((len(results), prepare(raw, doc)))
-                results.append(None)
-            except TracestoreError as exc:
-                run_id = doc.get("run_id") if isinstance(doc, dict) else None
-                results.append(
-                    IngestResult(
-                        run_id=run_id if isinstance(run_id, str) else None,
-                        status="invalid",
-                        error=exc,
-                    )
+    for item in items:
+        raw, doc = (item, _MISSING) if isinstance(item, bytes) else item
+        try:
+            if doc is _MISSING:
+                doc = parse_json(raw)  # here, so a refusal can still name the run_id
+            ready.append((len(results), prepare(raw, doc)))
+            results.append(None)
+        except TracestoreError as exc:
+            run_id = doc.get("run_id") if isinstance(doc, dict) else None
+            results.append(
+                IngestResult(
+                    run_id=run_id if isinstance(run_id, str) else None,
+                    status="invalid",
+                    error=exc,
                 )
+            )
     stored = store_prepared(engine, [p for _, p in ready])
     for (index, _), result in zip(ready, stored, strict=True):
         results[index] = result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -17,7 +18,7 @@ from tracestore.api.body import (
     require_json,
 )
 from tracestore.api.clients import LEGACY_STATE
-from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.deps import AppState, ReadSessionDep, StateDep
 from tracestore.api.errors import JSONBody, error_body, status_of
 from tracestore.api.params import (
     RUN_PATH,
@@ -33,13 +34,41 @@ from tracestore.api.schemas import (
 )
 from tracestore.drift.reads import has_trajectories
 from tracestore.errors import EmptyBatch, UnsupportedMediaType
-from tracestore.ingest.service import cyclic_gc_paused, ingest_bytes, ingest_many
+from tracestore.ingest.group import GroupCommit
+from tracestore.ingest.service import MAX_BYTES_PER_TRANSACTION, cyclic_gc_paused, ingest_many
 from tracestore.store.rollouts import IngestResult
 from tracestore.store.runs import MAX_LIMIT, get_document, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
 _ROLLOUT_BODY = {"$ref": "#/components/schemas/RolloutIn"}
+
+
+# Where an app keeps its worker's group committer (one per event loop).
+_GROUP = "tracestore_group_commit"
+# The transaction size the batch route uses (ingest/service.py).
+_GROUP_MAX_BYTES = MAX_BYTES_PER_TRANSACTION
+
+
+def group_commit(request: Request, state: AppState) -> GroupCommit:
+    """The group committer of this worker's event loop (made at its first single post)."""
+    group: GroupCommit | None = getattr(request.app.state, _GROUP, None)
+    if group is None or group.loop is not asyncio.get_running_loop():
+        settings = state.settings
+        group = GroupCommit(
+            state.engine,
+            state.lanes.writes.run,
+            wait=settings.group_commit_wait_ms / 1000,
+            max_items=settings.group_commit_max_rollouts,
+            max_bytes=_GROUP_MAX_BYTES,
+            # One group of a worker at a time, on both databases: SQLite has one writer (a
+            # second group would queue for its lock), and on PostgreSQL two groups side by
+            # side made smaller groups and cost more CPU per post than they overlapped
+            # (bench/README.md item 13).
+            concurrency=1,
+        )
+        setattr(request.app.state, _GROUP, group)
+    return group
 
 
 def _result_status(result: IngestResult) -> int:
@@ -54,7 +83,9 @@ def _result_status(result: IngestResult) -> int:
     response_model=Accepted,
     summary="Ingest one RolloutResponse.",
     description=(
-        "Stores the rollout in one transaction (all or nothing). 201 `created`; 200 "
+        "Stores the rollout all or nothing, and answers once it is committed (single posts "
+        "arriving together share a transaction, each in a savepoint of its own). 201 "
+        "`created`; 200 "
         "`duplicate` when the run_id exists with the same content; 409 `conflict` when it "
         "exists with other content (compared exactly: numbers by their decimal value, never "
         "through floats). `Content-Encoding: gzip` is accepted. NaN/Infinity tokens are "
@@ -75,9 +106,13 @@ def _result_status(result: IngestResult) -> int:
 async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     """Ingest one rollout."""
     require_json(request, " (NDJSON goes to /v1/rollouts/batch)")
-    raw = await read_body(request, state.settings.max_body_bytes)
-    # A write slot first (api/overload.py): a bounded wait, else 503 database_busy.
-    result = await state.lanes.writes.run(ingest_bytes, state.engine, raw)
+    group = group_commit(request, state)
+    async with group.arriving():
+        raw = await read_body(request, state.settings.max_body_bytes)
+    # Stored with the single posts arriving with it, in one transaction and commit, each in
+    # a savepoint of its own (ingest/group.py), in a write slot (api/overload.py: a bounded
+    # wait, else 503 database_busy); answered once that transaction committed.
+    result = await group.submit(raw)
     if result.error is not None:  # conflict
         return JSONBody(
             error_body(result.error.code, result.error.message, **result.error.details),

@@ -1,0 +1,252 @@
+"""Group commit: concurrent single posts share one transaction and one commit (issue 19).
+
+Task apps post one rollout per request, hundreds at once. Alone, each post pays a
+transaction, a commit (a WAL flush on PostgreSQL), a thread hop and the per-transaction
+statements (existence check, key allocation, one write per table). Here the single posts
+that reach one worker together are stored together, as the batch route stores a batch:
+
+- a post joins the *pending* group and waits for its answer;
+- the pending group is written (prepared, then stored in one transaction, in a write slot
+  of `api/overload.py`'s lane) as soon as fewer than `concurrency` groups are being
+  written, unless other posts are still arriving (their body is being read): then it
+  waits for them, at most `wait` seconds, or until it holds `max_items` rollouts or
+  `max_bytes` bytes, whichever comes first. A lone post (nothing else arriving, nothing
+  being written) is written at once: it waits for nobody;
+- posts that come while `concurrency` groups are being written form the next group,
+  written when one of those ends;
+- each rollout is stored in a savepoint of its own inside the group's transaction (the
+  batch route's `store_many`; after any database error in the shared write, each one
+  again alone), so a bad or conflicting rollout fails alone and the others commit;
+- every post is answered only after its group's transaction committed: acknowledged
+  still means durable. When the commit fails, every post of the group gets the error.
+
+A post's own errors are its own answer: a body that is not JSON or not a rollout (400,
+422), a conflict (409), a write failing on its rows (500), exactly as when it was stored
+alone. All the committer's state lives on one event loop (no locks); the writing happens
+in the lane's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from tracestore.db.uow import write_session
+from tracestore.ingest.service import cyclic_gc_paused, prepare
+from tracestore.store.rollouts import IngestResult, Prepared, store_many
+
+# What a group's write gives back for each of its posts: its result, or its error.
+Outcome = IngestResult | BaseException
+# How a group is written: `run(store_group, engine, raws)` (a lane's `run`: a write slot,
+# then one of its threads).
+Runner = Callable[
+    [Callable[[Engine, list[bytes]], list[Outcome]], Engine, list[bytes]], Awaitable[Any]
+]
+
+
+def _store_isolated(conn: Connection, prepared: Sequence[Prepared]) -> list[Outcome]:
+    """Store `prepared` in the caller's transaction, each standing or falling alone.
+
+    The batch route's path first (`store_many`: one look-up, one write per table, in one
+    savepoint; a run_id taken meanwhile sends those rollouts alone). If that fails on
+    anything else (a rollout whose rows the database refuses), it is undone and each
+    rollout is stored in a savepoint of its own: the one that fails gets its error.
+    """
+    if len(prepared) == 1:  # alone: its error is the transaction's, no savepoint needed
+        return list(store_many(conn, prepared))
+    try:
+        with conn.begin_nested():
+            return list(store_many(conn, prepared))
+    except Exception:
+        pass
+    out: list[Outcome] = []
+    for item in prepared:
+        try:
+            with conn.begin_nested():
+                out.append(store_many(conn, [item])[0])
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+def store_group(engine: Engine, raws: list[bytes]) -> list[Outcome]:
+    """Prepare and store the documents of one group in one transaction: their outcomes,
+    in order. Blocking (a lane's thread runs it)."""
+    # Paused until the group's documents are freed (see ingest.service.ingest_many).
+    with cyclic_gc_paused():
+        return _store_group(engine, raws)
+
+
+def _store_group(engine: Engine, raws: list[bytes]) -> list[Outcome]:
+    outcomes: list[Outcome | None] = [None] * len(raws)
+    ready: list[tuple[int, Prepared]] = []
+    for index, raw in enumerate(raws):
+        try:
+            ready.append((index, prepare(raw)))
+        except Exception as exc:  # its own answer (400, 422, ...), as when alone
+            outcomes[index] = exc
+    if ready:
+        try:
+            with write_session(engine) as session:
+                stored = _store_isolated(session.connection(), [p for _, p in ready])
+        except Exception as exc:  # the transaction did not commit: nothing is durable
+            stored = [exc] * len(ready)
+        for (index, _), outcome in zip(ready, stored, strict=True):
+            outcomes[index] = outcome
+    return [o for o in outcomes if o is not None]
+
+
+@dataclass(slots=True)
+class _Post:
+    raw: bytes
+    answer: asyncio.Future[IngestResult]
+
+
+@dataclass
+class GroupStats:
+    """What the committer did: groups written, rollouts in them, the largest group."""
+
+    groups: int = 0
+    rollouts: int = 0
+    largest: int = 0
+    by_size: dict[int, int] = field(default_factory=dict)
+
+    def record(self, size: int) -> None:
+        """Count a group of `size` posts."""
+        self.groups += 1
+        self.rollouts += size
+        self.largest = max(self.largest, size)
+        self.by_size[size] = self.by_size.get(size, 0) + 1
+
+
+class GroupCommit:
+    """The single posts of one worker (one event loop), written in groups (see above)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        run: Runner,
+        *,
+        wait: float,
+        max_items: int,
+        max_bytes: int,
+        concurrency: int = 1,
+    ) -> None:
+        self.engine = engine
+        self.run = run
+        self.wait = wait
+        self.max_items = max(1, max_items)
+        self.max_bytes = max_bytes
+        self.concurrency = max(1, concurrency)
+        self.loop = asyncio.get_running_loop()
+        self.stats = GroupStats()
+        self._pending: list[_Post] = []
+        self._pending_bytes = 0
+        self._arriving = 0  # posts whose body is being read
+        self._writing = 0  # groups being written
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @asynccontextmanager
+    async def arriving(self) -> AsyncIterator[None]:
+        """Around reading a post's body: a group about to be written waits for it (at
+        most `wait`), so posts arriving together share a commit."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            self._kick()
+
+    async def submit(self, raw: bytes) -> IngestResult:
+        """Store one document with the next group; its result once that group committed.
+
+        Raises what storing it alone would have raised (InvalidJSON, InvalidRollout, a
+        database error, DatabaseBusy when no write slot came free in time).
+        """
+        post = _Post(raw, self.loop.create_future())
+        self._pending.append(post)
+        self._pending_bytes += len(raw)
+        self._kick()
+        return await post.answer
+
+    def _full(self) -> bool:
+        return len(self._pending) >= self.max_items or self._pending_bytes >= self.max_bytes
+
+    def _kick(self) -> None:
+        """Write the pending group now, later (a timer), or when a group being written ends."""
+        if not self._pending or self._writing >= self.concurrency:
+            return  # nothing to write, or the end of a group being written kicks again
+        if self._arriving and not self._full() and self.wait > 0:
+            if self._timer is None:  # wait for the posts arriving, at most `wait`
+                self._timer = self.loop.call_later(self.wait, self._waited)
+            return
+        self._write_pending()
+
+    def _waited(self) -> None:
+        self._timer = None
+        if self._pending and self._writing < self.concurrency:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        group: list[_Post] = []
+        size = 0
+        while self._pending and len(group) < self.max_items:
+            post = self._pending[0]
+            if group and size + len(post.raw) > self.max_bytes:
+                break
+            self._pending.pop(0)
+            self._pending_bytes -= len(post.raw)
+            if post.answer.done():
+                continue  # its request was cancelled before its group was written
+            group.append(post)
+            size += len(post.raw)
+        if not group:
+            self._kick()
+            return
+        self._writing += 1
+        task = self.loop.create_task(self._write(group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, group: list[_Post]) -> None:
+        try:
+            outcomes: Sequence[Outcome] = await self.run(
+                store_group, self.engine, [post.raw for post in group]
+            )
+            self.stats.record(len(group))
+        except BaseException as exc:  # no write slot (DatabaseBusy), or cancelled
+            outcomes = [exc] * len(group)
+        finally:
+            self._writing -= 1
+        for post, outcome in zip(group, outcomes, strict=True):
+            if post.answer.done():
+                continue
+            if isinstance(outcome, BaseException):
+                post.answer.set_exception(outcome)
+            else:
+                post.answer.set_result(outcome)
+        self._kick()
+        stopped = next((o for o in outcomes if not isinstance(o, IngestResult | Exception)), None)
+        if stopped is not None:
+            raise stopped  # cancelled (shutdown): its posts are told, then the task ends so
+
+    async def drain(self) -> None:
+        """Wait until nothing is pending or being written (tests, shutdown)."""
+        while self._pending or self._tasks:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            else:
+                self._kick()
+                await asyncio.sleep(self.wait or 0.001)
+
+
+__all__ = ["GroupCommit", "GroupStats", "Outcome", "store_group"]
