@@ -24,10 +24,16 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import EXAMPLES, Database, minimal_rollout
 from tests.reliability.harness import FIGURES, LOOPBACK, ServerProcess, is_error_shape
-from tracestore.api.body import ParsedSize, parsed_estimate
+from tracestore.api.app import create_app
+from tracestore.api.body import MAX_PER_BYTE, ParsedSize, parsed_estimate
+from tracestore.db import migrate
+from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
 
 MIB = 1024 * 1024
@@ -299,6 +305,27 @@ def test_the_worst_body_the_estimate_admits_stays_within_twice_the_inflight_limi
     assert peak <= target, f"peak RSS {peak / MIB:.0f} MiB, target {target / MIB:.0f} MiB"
 
 
+# Pieces of the costliest bodies per byte: containers, numbers after separators, keys,
+# escapes and characters of every width.
+_WORST_PIECES = [
+    b"{",
+    b"[",
+    b",",
+    b":",
+    b'"',
+    b",0",
+    b"[-",
+    b":9",
+    b" ",
+    b"\\u00e9",
+    b"\\ud83d",
+    "é".encode(),
+    "\u4e00".encode(),
+    "\U0001f600".encode(),
+    b"a",
+]
+
+
 def test_the_estimate_does_not_depend_on_how_the_body_arrives() -> None:
     # Chunks of any size (numbers and escapes cut in two, whitespace between a comma and
     # its number), whole or streamed: the same estimate, never less. A `\u` cut before its
@@ -318,3 +345,32 @@ def test_the_estimate_does_not_depend_on_how_the_body_arrives() -> None:
     # A number is charged its object (32 bytes), after whitespace too: the same bytes
     # with letters for digits cost two numbers less.
     assert parsed_estimate(b"[\n -2,\t7]") - parsed_estimate(b"[\n ab,\tc]") == 2 * 32
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_WORST_PIECES), min_size=1, max_size=400))
+def test_no_byte_is_charged_more_than_the_bound_the_count_skips_by(pieces: list[bytes]) -> None:
+    # api/body.py counts nothing of a body shorter than max_parsed / MAX_PER_BYTE: that is
+    # safe only if no body is estimated at more than MAX_PER_BYTE a byte.
+    body = b"".join(pieces)
+    assert parsed_estimate(body) <= MAX_PER_BYTE * len(body)
+
+
+def test_a_body_too_small_to_pass_the_limit_is_not_counted_but_a_larger_one_is(
+    tmp_path: Path,
+) -> None:
+    # The most expensive body per byte the estimate knows, either side of the size from
+    # which counting starts (the parsed-size limit scaled down to keep the bodies small).
+    limit = 64 * 1024
+    worst = "\U0001f600".encode() + b"{" * (limit // MAX_PER_BYTE + 64)
+    small, large = worst[: limit // MAX_PER_BYTE], worst
+    assert parsed_estimate(small) <= limit < parsed_estimate(large)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    app = create_app(Settings(database_url=url, max_parsed_bytes=limit))
+    with TestClient(app) as client:
+        for body, refused in ((small, False), (large, True)):
+            response = client.post("/v1/rollouts", content=body)
+            assert (response.status_code == 413) is refused, response.text[:200]
