@@ -254,7 +254,8 @@ def wide_string_under_cap() -> Body:
 
 
 def concurrent_tiny_values_under_cap() -> Callable[[Server], str]:
-    """Known open: 4 posts at once of the empty-objects rollout the estimate just admits."""
+    """4 posts at once of the empty-objects rollout the estimate just admits (one at a time
+    through the worker's parse budget, api/overload.py)."""
     body = tiny_values_under_cap()
     sent = gzip.compress(body.raw, 9)
     del body
@@ -419,7 +420,7 @@ ATTACKS: dict[str, tuple[str, Make]] = {
         legit_rollout_under_cap,
     ),
     "concurrent_tiny_values_under_cap": (
-        "(known open) 4 posts at once of the empty-objects rollout the estimate admits",
+        "4 posts at once of the empty-objects rollout the estimate admits",
         concurrent_tiny_values_under_cap,
     ),
     "repeated_key_rollout": (

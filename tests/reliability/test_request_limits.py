@@ -17,10 +17,11 @@ import gzip
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -32,6 +33,7 @@ from tests.conftest import EXAMPLES, Database, minimal_rollout
 from tests.reliability.harness import FIGURES, LOOPBACK, ServerProcess, is_error_shape
 from tracestore.api.app import create_app
 from tracestore.api.body import MAX_PER_BYTE, ParsedSize, parsed_estimate
+from tracestore.api.overload import ParseBudget, ParsingBusy
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
@@ -374,3 +376,64 @@ def test_a_body_too_small_to_pass_the_limit_is_not_counted_but_a_larger_one_is(
         for body, refused in ((small, False), (large, True)):
             response = client.post("/v1/rollouts", content=body)
             assert (response.status_code == 413) is refused, response.text[:200]
+
+
+def test_the_parse_budget_lets_ingests_in_only_while_their_charges_fit() -> None:
+    # api/overload.py ParseBudget: what bounds several hostile bodies parsed at once.
+    async def scenario() -> list[str]:
+        budget = ParseBudget(limit=100, wait=0.5)
+        seen: list[str] = []
+        first_in = anyio.Event()
+        release_first = anyio.Event()
+
+        async def first() -> None:
+            async with budget.hold(80):
+                seen.append("first in")
+                first_in.set()
+                await release_first.wait()
+            seen.append("first out")
+
+        async def second() -> None:
+            await first_in.wait()
+            async with budget.hold(30):  # 80 + 30 > 100: waits for the first
+                seen.append(f"second in, {budget.held} held")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            tg.start_soon(second)
+            await first_in.wait()
+            await anyio.sleep(0.05)
+            assert seen == ["first in"], seen  # the second is still waiting
+            release_first.set()
+        # Alone, a charge past the whole budget still goes in: a worker always progresses.
+        async with budget.hold(1_000):
+            seen.append("alone past the limit")
+        # One that never fits within the wait is refused (503 overloaded), holding nothing.
+        async with budget.hold(90):
+            with pytest.raises(ParsingBusy):
+                async with budget.hold(20):
+                    pass
+            assert budget.held == 90
+        # A smaller exact charge is asked for only when the bound does not fit.
+        asked: list[int] = []
+
+        def exact(charge: int) -> Callable[[], int]:
+            def estimate() -> int:
+                asked.append(charge)
+                return charge
+
+            return estimate
+
+        async with budget.hold(60), budget.hold(70, exact(30)):
+            assert budget.held == 90
+        async with budget.hold(10, exact(5)):
+            assert budget.held == 10
+        assert asked == [30]
+        return seen
+
+    assert anyio.run(scenario) == [
+        "first in",
+        "first out",
+        "second in, 30 held",
+        "alone past the limit",
+    ]

@@ -178,9 +178,20 @@ def _too_large_parsed(limit: int) -> PayloadTooLarge:
     )
 
 
-async def _decoded(request: Request, limit: int) -> AsyncIterator[bytes]:
+class Charge:
+    """What ingesting a body may cost at its peak, known once the body has been read: the
+    estimate when it was counted, else its upper bound (size x MAX_PER_BYTE)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+async def _decoded(
+    request: Request, limit: int, charge: Charge | None = None
+) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, gunzipped when `Content-Encoding: gzip`; 413 past
-    `limit` decoded bytes or the parsed-size limit, 400 for a corrupt or truncated gzip."""
+    `limit` decoded bytes or the parsed-size limit, 400 for a corrupt or truncated gzip.
+    `charge`, when given, is set to the body's charge once it has all arrived."""
     max_parsed = _max_parsed(request)
     parsed = ParsedSize()
     # Counting costs a worker 10-25% of its CPU on 108 KB rollouts, and no body smaller
@@ -200,6 +211,8 @@ async def _decoded(request: Request, limit: int) -> AsyncIterator[bytes]:
                 if parsed.feed(chunk) > max_parsed:
                     raise _too_large_parsed(max_parsed)
         yield chunk
+    if charge is not None:
+        charge.bytes = size * MAX_PER_BYTE if uncounted is not None else parsed.total
 
 
 async def _gunzipped(request: Request, limit: int) -> AsyncIterator[bytes]:
@@ -244,13 +257,14 @@ async def _gunzipped(request: Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, charge: Charge | None = None) -> bytes:
     """Read the body, gunzipping `Content-Encoding: gzip`, refusing more than `limit` bytes.
 
     The limit applies to the decoded bytes and is checked as chunks arrive, so neither an
-    oversized upload nor a gzip bomb is ever held whole in memory.
+    oversized upload nor a gzip bomb is ever held whole in memory. `charge` (when given)
+    is set to what ingesting the body may cost.
     """
-    return b"".join([chunk async for chunk in _decoded(request, limit)])
+    return b"".join([chunk async for chunk in _decoded(request, limit, charge)])
 
 
 def _too_many(limit: int) -> PayloadTooLarge:
@@ -309,14 +323,17 @@ class _NdjsonItems:
         return self.items
 
 
-async def read_ndjson_items(request: Request, limit: int, max_items: int) -> list[bytes]:
+async def read_ndjson_items(
+    request: Request, limit: int, max_items: int, charge: Charge | None = None
+) -> list[bytes]:
     """The items of an NDJSON batch body (its non-blank lines, each as sent).
 
     Counted as the decoded body streams in: past `max_items` the batch is refused (413)
-    at once, before the rest is read, and blank lines are never held.
+    at once, before the rest is read, and blank lines are never held. `charge` (when
+    given) is set to what ingesting the body may cost.
     """
     items = _NdjsonItems(max_items)
-    async for chunk in _decoded(request, limit):
+    async for chunk in _decoded(request, limit, charge):
         items.feed(chunk)
     return items.finish()
 

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from tracestore import errors
-from tracestore.api.overload import BUSY_RETRY_AFTER, DatabaseBusy
+from tracestore.api.overload import BUSY_RETRY_AFTER, DatabaseBusy, ParsingBusy
 from tracestore.jsontext import dumps
 
 log = logging.getLogger("tracestore.api")
@@ -160,6 +160,21 @@ async def _busy(request: Request, exc: Exception) -> JSONBody:
     )
 
 
+async def _parsing_busy(_request: Request, exc: Exception) -> JSONBody:
+    # The worker's ingests in progress held the memory they may take for the whole wait
+    # (api/overload.py ParseBudget): nothing was parsed or written, a retry is safe.
+    return JSONBody(
+        error_body(
+            "overloaded",
+            f"{exc}: the ingests in progress hold the memory this server may spend on "
+            "parsing; retry after the Retry-After delay",
+            retry_after=BUSY_RETRY_AFTER,
+        ),
+        status_code=503,
+        headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONBody:
     # Logged with the traceback; the client gets the error shape without internals.
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -180,4 +195,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OperationalError, _database)
     app.add_exception_handler(DatabaseBusy, _busy)
     app.add_exception_handler(PoolTimeout, _busy)
+    app.add_exception_handler(ParsingBusy, _parsing_busy)
     app.add_exception_handler(Exception, _unexpected)

@@ -118,6 +118,57 @@ def _end(session: Session) -> None:
     session.close()
 
 
+class ParsingBusy(Exception):
+    """The memory ingests in progress may take stayed spoken for the whole wait: 503."""
+
+    def __init__(self, waited: float) -> None:
+        super().__init__(f"no room to parse a body came free within {waited:g} s")
+        self.waited = waited
+
+
+class ParseBudget:
+    """Bounds the memory all ingests of one worker may take at once.
+
+    Each request holds, while its body is parsed and stored, what api/body.py estimated it
+    costs (an upper bound). One hostile body is bounded by the parsed-size limit; without
+    this, four of them at once (the write lane's slots, or a group of single posts) took a
+    worker past twice the in-flight limit. A request waits on the event loop for room, at
+    most `wait` seconds (else ParsingBusy: 503); the only one in progress is always let in,
+    so a worker always makes progress.
+    """
+
+    def __init__(self, limit: int, wait: float) -> None:
+        self.limit = limit
+        self.wait = wait
+        self.held = 0
+        self.busy = 0  # requests refused with 503
+        self._room = anyio.Event()
+
+    @asynccontextmanager
+    async def hold(
+        self, charge: int, exact: Callable[[], int] | None = None
+    ) -> AsyncIterator[None]:
+        """Hold `charge` bytes of the budget while the block runs. `exact` gives a smaller
+        charge at a cost (the body's estimate, where `charge` is its upper bound): asked
+        only when `charge` does not fit."""
+        if exact is not None and self.held + charge > self.limit:
+            charge = min(charge, exact())
+        with anyio.move_on_after(self.wait):
+            while self.held and self.held + charge > self.limit:
+                await self._room.wait()
+        if self.held and self.held + charge > self.limit:
+            self.busy += 1
+            raise ParsingBusy(self.wait)
+        self.held += charge
+        try:
+            yield
+        finally:
+            self.held -= charge
+            # Wake every waiter: each checks whether its own charge fits now.
+            self._room.set()
+            self._room = anyio.Event()
+
+
 class Lanes:
     """The lanes of one app, and the engines behind them."""
 
@@ -133,6 +184,8 @@ class Lanes:
         self.writes = Lane("write", self.engine, writes, wait)
         self.health = Lane("health", self.service_engine, 1, wait)
         self.metrics = Lane("metrics", self.service_engine, 1, wait)
+        # Not a connection lane: the memory ingests take while they parse and store.
+        self.parsing = ParseBudget(settings.max_parsed_bytes, wait)
 
     def busy(self) -> int:
         """Requests refused with database_busy so far, over every lane."""
@@ -227,4 +280,6 @@ __all__ = [
     "DatabaseBusy",
     "Lane",
     "Lanes",
+    "ParseBudget",
+    "ParsingBusy",
 ]

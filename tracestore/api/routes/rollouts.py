@@ -10,9 +10,11 @@ from starlette.concurrency import run_in_threadpool
 
 from tracestore.api.body import (
     NDJSON_TYPES,
+    Charge,
     array_items,
     is_json,
     media_type,
+    parsed_estimate,
     read_body,
     read_ndjson_items,
     require_json,
@@ -107,12 +109,16 @@ async def post_rollout(request: Request, state: StateDep) -> JSONBody:
     """Ingest one rollout."""
     require_json(request, " (NDJSON goes to /v1/rollouts/batch)")
     group = group_commit(request, state)
+    charge = Charge()
     async with group.arriving():
-        raw = await read_body(request, state.settings.max_body_bytes)
+        raw = await read_body(request, state.settings.max_body_bytes, charge)
     # Stored with the single posts arriving with it, in one transaction and commit, each in
     # a savepoint of its own (ingest/group.py), in a write slot (api/overload.py: a bounded
-    # wait, else 503 database_busy); answered once that transaction committed.
-    result = await group.submit(raw)
+    # wait, else 503 database_busy); answered once that transaction committed. Holding
+    # the memory its ingest may take, with every other ingest of this worker (a bounded
+    # wait, else 503 overloaded).
+    async with state.lanes.parsing.hold(charge.bytes, lambda: parsed_estimate(raw)):
+        result = await group.submit(raw)
     if result.error is not None:  # conflict
         return JSONBody(
             error_body(result.error.code, result.error.message, **result.error.details),
@@ -173,17 +179,20 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     limit, max_items = state.settings.max_body_bytes, state.settings.max_batch_items
     # The items are counted before they are held: NDJSON lines as the body streams in, an
     # array's elements as they are sliced out (api/body.py); past max_items, 413.
+    charge = Charge()
     if ndjson:
-        items = await read_ndjson_items(request, limit, max_items)
+        items = await read_ndjson_items(request, limit, max_items, charge)
     else:
-        items = await run_in_threadpool(_array_items, await read_body(request, limit), max_items)
+        raw = await read_body(request, limit, charge)
+        items = await run_in_threadpool(_array_items, raw, max_items)
     if not items:
         # Not a 207 with total 0: that reads as success to a client whose body was lost.
         raise EmptyBatch(
             "the batch holds no rollouts: send a JSON array of them, or NDJSON with one per "
             "line (Content-Type application/x-ndjson)"
         )
-    body = await state.lanes.writes.run(_ingest_batch, state, items)
+    async with state.lanes.parsing.hold(charge.bytes):
+        body = await state.lanes.writes.run(_ingest_batch, state, items)
     return JSONBody(body, status_code=207)
 
 
