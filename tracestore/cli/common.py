@@ -304,3 +304,35 @@ class TracestoreGroup(TyperGroup):
 
 
 Verb = Callable[..., None]
+
+
+# --- the run list's filters, shared by `runs` and `dataset create` -------------------------
+
+EnvOption = Annotated[str | None, typer.Option("--env", help="Runs of this env_id.")]
+PolicyOption = Annotated[str | None, typer.Option("--policy", help="Runs of this policy_id.")]
+CidOption = Annotated[str | None, typer.Option("--cid", help="Runs of this correlation id.")]
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Runs received at or after this time: an ISO date or time (UTC if no zone) "
+        "or a duration back from now: 30m, 12h, 7d, 2w."
+    ),
+]
+UntilOption = Annotated[str | None, typer.Option(help="Runs received before this time.")]
+TraceKindOption = Annotated[
+    str | None, typer.Option(help="full, wrapped, summary, db_row, empty or unknown.")
+]
+HasTrajectoriesOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--has-trajectories/--no-trajectories",
+        help="Only runs with (or without) trajectories.",
+        show_default=False,
+    ),
+]
+HasDriftOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--has-drift/--no-drift", help="Only runs with (or without) drift.", show_default=False
+    ),
+]

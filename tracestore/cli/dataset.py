@@ -11,7 +11,20 @@ from typing import Annotated, Any
 
 import typer
 
-from tracestore.cli.common import DbOption, console, open_store, reported_errors
+from tracestore.cli.common import (
+    CidOption,
+    DbOption,
+    EnvOption,
+    HasDriftOption,
+    HasTrajectoriesOption,
+    PolicyOption,
+    SinceOption,
+    TraceKindOption,
+    UntilOption,
+    console,
+    open_store,
+    reported_errors,
+)
 
 app = typer.Typer(help="Datasets: named, immutable sets of runs, pinned against deletion.")
 
@@ -43,32 +56,14 @@ def _manifest_lines(m: dict[str, Any]) -> None:
 @app.command()
 def create(
     name: Annotated[str, typer.Argument(help="The dataset's name (letters, digits, . _ -).")],
-    env: Annotated[str | None, typer.Option("--env", help="Runs of this env_id.")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Runs of this policy_id.")] = None,
-    correlation_id: Annotated[
-        str | None, typer.Option("--cid", help="Runs of this correlation id.")
-    ] = None,
-    since: Annotated[
-        str | None, typer.Option(help="Runs received at or after this time (ISO, or 7d, 12h).")
-    ] = None,
-    until: Annotated[str | None, typer.Option(help="Runs received before this time.")] = None,
-    trace_kind: Annotated[
-        str | None, typer.Option(help="full, wrapped, summary, db_row, empty or unknown.")
-    ] = None,
-    has_trajectories: Annotated[
-        bool | None,
-        typer.Option(
-            "--has-trajectories/--no-trajectories",
-            help="Only runs with (or without) trajectories.",
-            show_default=False,
-        ),
-    ] = None,
-    has_drift: Annotated[
-        bool | None,
-        typer.Option(
-            "--has-drift/--no-drift", help="Only runs with (or without) drift.", show_default=False
-        ),
-    ] = None,
+    env: EnvOption = None,
+    policy: PolicyOption = None,
+    correlation_id: CidOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    trace_kind: TraceKindOption = None,
+    has_trajectories: HasTrajectoriesOption = None,
+    has_drift: HasDriftOption = None,
     note: Annotated[str | None, typer.Option(help="A line saying what it is for.")] = None,
     db: DbOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,

@@ -17,8 +17,16 @@ from tracestore.cli import reports as reports_cli
 from tracestore.cli import retention as retention_cli
 from tracestore.cli import spool as spool_cli
 from tracestore.cli.common import (
+    CidOption,
     DbOption,
+    EnvOption,
+    HasDriftOption,
+    HasTrajectoriesOption,
+    PolicyOption,
+    SinceOption,
+    TraceKindOption,
     TracestoreGroup,
+    UntilOption,
     console,
     open_store,
     reported_errors,
@@ -208,37 +216,14 @@ def cid(
 
 @app.command()
 def runs(
-    env: Annotated[str | None, typer.Option("--env", help="Runs of this env_id.")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Runs of this policy_id.")] = None,
-    correlation_id: Annotated[
-        str | None, typer.Option("--cid", help="Runs of this correlation id.")
-    ] = None,
-    since: Annotated[
-        str | None,
-        typer.Option(
-            help="Runs received at or after this time: an ISO date or time (UTC if no zone) "
-            "or a duration back from now: 30m, 12h, 7d, 2w."
-        ),
-    ] = None,
-    until: Annotated[str | None, typer.Option(help="Runs received before this time.")] = None,
-    trace_kind: Annotated[
-        str | None,
-        typer.Option(help="full, wrapped, summary, db_row, empty or unknown."),
-    ] = None,
-    has_trajectories: Annotated[
-        bool | None,
-        typer.Option(
-            "--has-trajectories/--no-trajectories",
-            help="Only runs with (or without) trajectories.",
-            show_default=False,
-        ),
-    ] = None,
-    has_drift: Annotated[
-        bool | None,
-        typer.Option(
-            "--has-drift/--no-drift", help="Only runs with (or without) drift.", show_default=False
-        ),
-    ] = None,
+    env: EnvOption = None,
+    policy: PolicyOption = None,
+    correlation_id: CidOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    trace_kind: TraceKindOption = None,
+    has_trajectories: HasTrajectoriesOption = None,
+    has_drift: HasDriftOption = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Runs per page.")] = 50,
     cursor: Annotated[
         str | None, typer.Option(help="Start after this cursor (printed under a page).")
