@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from sqlalchemy import and_, case, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
+from tracestore.ingest.project import EVENT_COLUMNS
 from tracestore.models import Step, Trajectory
 from tracestore.models.traces import TraceEvent, TraceMessage, TraceTimeStep
 from tracestore.wire.datetimes import parse_datetime
@@ -234,26 +235,9 @@ class TypedTrajectories:
         ]
 
 
-_EVENT_COLUMNS = (
-    "system_instance_id",
-    "reward",
-    "terminated",
-    "truncated",
-    "actions",
-    "system_state_before",
-    "system_state_after",
-    "model_name",
-    "provider",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "cost_usd",
-    "latency_ms",
-    "span_id",
-    "trace_id",
-    "call_records",
-    "event_metadata",
-)
+# The event columns ingest projects (ingest/project.py), less the two rebuilt above them
+# (`time_record`, and `metadata`, whose ORM attribute is `meta`).
+_EVENT_COLUMNS = tuple(c for c in EVENT_COLUMNS if c not in ("time_record", "metadata"))
 
 
 def event_dict(row: TraceEvent) -> dict[str, Any]:
