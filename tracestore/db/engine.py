@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -44,15 +48,144 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+class WriterQueue:
+    """The writers of one SQLite file, queued across processes on a lock file beside it.
+
+    SQLite makes a writer that finds the write lock taken sleep and try again (1, 2, 5,
+    10, ... up to 100 ms between tries: sqliteDefaultBusyCallback). With two server
+    workers writing in turn, the commit of one left the other asleep for milliseconds
+    after the lock was free, and single posts spent most of their time so (bench/README.md
+    item 14). Here a writer first takes an exclusive `flock` on `<file>-writer` (the
+    kernel wakes the next waiter the moment it is released; the wait holds no GIL), then
+    BEGIN IMMEDIATE finds SQLite's write lock free. The lock is released as soon as the
+    transaction commits or rolls back. Writers that do not queue here (another program,
+    the sqlite3 shell) still meet SQLite's busy wait; a writer that queued longer than
+    WRITER_PATIENCE_S is given only what is left of the busy timeout for that wait, so a
+    queue behind a foreign writer ends within about one busy timeout, as before.
+    """
+
+    def __init__(self, database: str, busy_timeout: float) -> None:
+        self.path = f"{database}-writer"
+        self.busy_timeout = busy_timeout
+
+    def _fd(self, info: dict[str, Any]) -> int:
+        fd: int | None = info.get(_WRITER_FD)
+        if fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            info[_WRITER_FD] = fd
+        return fd
+
+    def acquire(self, conn: Any) -> None:
+        """Queue the SQLAlchemy connection `conn` for the write lock; returns at its turn."""
+        info = conn.info
+        holder = (self.path, threading.get_ident())
+        if holder in _HOLDERS:
+            # This thread writes on another connection already (it holds the lock): queueing
+            # would wait for itself forever. SQLite's busy wait decides, as it did before.
+            return
+        fd = self._fd(info)
+        started = time.monotonic()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks in the kernel, GIL released
+        info[_WRITER_HELD] = holder
+        _HOLDERS.add(holder)
+        waited = time.monotonic() - started
+        if waited > WRITER_PATIENCE_S:
+            left = max(0.0, self.busy_timeout - waited)
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(left * 1000)}")
+            info[_WRITER_SHORTENED] = True
+        elif info.pop(_WRITER_SHORTENED, False):
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+
+    @staticmethod
+    def release(info: dict[str, Any]) -> None:
+        """Let the next writer go (the connection's transaction ended)."""
+        holder = info.pop(_WRITER_HELD, None)
+        if holder is not None:
+            _HOLDERS.discard(holder)
+            fcntl.flock(info[_WRITER_FD], fcntl.LOCK_UN)
+
+    @staticmethod
+    def close(info: dict[str, Any]) -> None:
+        """Forget the connection's lock file (the connection is closed)."""
+        fd = info.pop(_WRITER_FD, None)
+        holder = info.pop(_WRITER_HELD, None)
+        if holder is not None:
+            _HOLDERS.discard(holder)
+        if fd is not None:
+            os.close(fd)  # releases the lock too
+
+    def install(self, engine: Engine) -> None:
+        """Queue `engine`'s BEGIN IMMEDIATE transactions here, released once they end."""
+        dialect = engine.dialect
+        # SQLAlchemy's "commit" and "rollback" events run *before* the COMMIT: the lock
+        # must outlive it, so the dialect's own calls are wrapped (they receive the pooled
+        # connection, whose `info` holds the lock's state).
+        commit, rollback = dialect.do_commit, dialect.do_rollback
+
+        def do_commit(dbapi_connection: Any) -> None:
+            try:
+                commit(dbapi_connection)
+            finally:
+                self.release(_info(dbapi_connection))
+
+        def do_rollback(dbapi_connection: Any) -> None:
+            try:
+                rollback(dbapi_connection)
+            finally:
+                self.release(_info(dbapi_connection))
+
+        setattr(dialect, "do_commit", do_commit)  # noqa: B010  (an instance's own)
+        setattr(dialect, "do_rollback", do_rollback)  # noqa: B010
+        setattr(dialect, _WRITER_QUEUE, self)
+        event.listen(engine.pool, "close", _writer_connection_closed)
+        event.listen(engine.pool, "invalidate", _writer_connection_closed)
+
+
+# (lock file, thread) of the writers of this process holding a queue's lock: a thread
+# holds one at a time (set operations are atomic under the GIL).
+_HOLDERS: set[tuple[str, int]] = set()
+_WRITER_QUEUE = "tracestore_writer_queue"
+_WRITER_FD = "tracestore_writer_fd"
+_WRITER_HELD = "tracestore_writer_held"
+_WRITER_SHORTENED = "tracestore_writer_shortened"
+# Queued longer than this: SQLite's busy wait gets only what is left of its timeout.
+WRITER_PATIENCE_S = 1.0
+
+
+def _info(connection: Any) -> dict[str, Any]:
+    # The pooled connection's `info`; the ad-hoc wrapper SQLAlchemy uses while it first
+    # connects has none (and never holds the lock).
+    try:
+        info: dict[str, Any] = connection.info
+    except (AttributeError, NotImplementedError):
+        return {}
+    return info
+
+
+def _writer_connection_closed(_dbapi_connection: Any, record: Any, *_args: Any) -> None:
+    WriterQueue.close(record.info)
+
+
 def _sqlite_begin(conn: Any) -> None:
     # Writers start with BEGIN IMMEDIATE: they take the write lock up front, so two
     # writers never deadlock upgrading a read lock (which busy_timeout cannot resolve).
     mode = conn.get_execution_options().get(BEGIN_MODE, "DEFERRED")
+    queue: WriterQueue | None = getattr(conn.engine.dialect, _WRITER_QUEUE, None)
+    if mode == "IMMEDIATE" and queue is not None:
+        queue.acquire(conn)
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
 def _is_memory(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def _is_file(url: URL) -> bool:
+    # A plain path (not memory, not a `file:` URI, which may name a shared memory store).
+    return not _is_memory(url) and not str(url.database).startswith("file:")
 
 
 def create_engine(
@@ -91,6 +224,9 @@ def create_engine(
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
+        if _is_file(parsed):
+            timeout = float(parsed.query.get("timeout", SQLITE_BUSY_TIMEOUT_S))  # type: ignore[arg-type]
+            WriterQueue(str(parsed.database), timeout).install(engine)
         return engine
     if backend == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
