@@ -97,6 +97,8 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     app.include_router(admin.router, dependencies=keyed)
     app.include_router(drift.pages, dependencies=keyed)
     app.include_router(inspect.router, dependencies=keyed)
+    # POST /v1/rollouts ahead of every route, below FastAPI's dependency machinery.
+    rollouts.install_ingest_route(app)
     install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)
     app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
     app.add_middleware(ObservabilityMiddleware, state=observability)

@@ -135,9 +135,12 @@ async def only_declared_query(request: Request) -> None:
     be ignored, and the answer would look like the filtered one.
     """
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
-        return
-    known = declared_query(route)
+    if isinstance(route, APIRoute):
+        refuse_undeclared_query(request, route.path_format, declared_query(route))
+
+
+def refuse_undeclared_query(request: Request, path_format: str, known: frozenset[str]) -> None:
+    """Refuse (422) the request's query parameters that are not in `known`."""
     unknown = sorted({name for name in request.query_params if name not in known})
     if not unknown:
         return
@@ -145,7 +148,7 @@ async def only_declared_query(request: Request) -> None:
     takes = f"it takes {', '.join(sorted(known))}" if known else "it takes no query parameters"
     raise InvalidRequest(
         f"unknown query parameter{'s' if len(unknown) > 1 else ''} {names} for "
-        f"{request.method} {route.path_format}: {takes}",
+        f"{request.method} {path_format}: {takes}",
         unknown=unknown,
         known=sorted(known),
     )

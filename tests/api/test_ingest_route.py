@@ -1,0 +1,118 @@
+"""POST /v1/rollouts is served by IngestRoute, below FastAPI's dependency machinery (issue
+19): it answers every kind of request exactly as the documented FastAPI route does."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import Engine
+
+from tests.conftest import Database, LiveServer, minimal_rollout
+from tracestore.api.routes.rollouts import IngestRoute
+from tracestore.settings import Settings
+
+KEY = "k-ingest-route"
+
+
+@pytest.fixture(params=["open", "keyed"])
+def servers(
+    request: pytest.FixtureRequest, database: Database, engine: Engine
+) -> Iterator[tuple[httpx.Client, httpx.Client, bool]]:
+    """(lean, documented, keyed): two servers over one store, with and without IngestRoute."""
+    keyed = request.param == "keyed"
+    settings = Settings(database_url=database.url, api_keys=[f"ci:{KEY}"] if keyed else [])
+    lean, documented = LiveServer(settings), LiveServer(settings)
+    routes = documented.server.config.app.router.routes
+    assert isinstance(routes[0], IngestRoute)  # installed first, ahead of every route
+    routes.pop(0)  # the FastAPI route answers instead
+    headers = {"X-API-Key": KEY} if keyed else {}
+    with lean, documented:
+        with (
+            httpx.Client(base_url=lean.url, headers=headers, timeout=60) as a,
+            httpx.Client(base_url=documented.url, headers=headers, timeout=60) as b,
+        ):
+            yield a, b, keyed
+
+
+def _cases(run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    doc = minimal_rollout(run_id)
+    raw = orjson.dumps(doc)
+    other = orjson.dumps(minimal_rollout(run_id, reward=0.5))
+    return [
+        ("created", {"content": raw}),
+        ("duplicate", {"content": raw}),
+        ("conflict", {"content": other}),
+        (
+            "gzip",
+            {
+                "content": gzip.compress(orjson.dumps(minimal_rollout(run_id + "-gz"))),
+                "headers": {"Content-Encoding": "gzip"},
+            },
+        ),
+        ("bad gzip", {"content": b"\x1f\x8b not gzip", "headers": {"Content-Encoding": "gzip"}}),
+        ("brotli", {"content": raw, "headers": {"Content-Encoding": "br"}}),
+        ("not json", {"content": b"{nope"}),
+        ("not a rollout", {"content": b'{"run_id": 5}'}),
+        ("repeated key", {"content": b'{"run_id": "a", "run_id": "b"}'}),
+        ("text/plain", {"content": raw, "headers": {"Content-Type": "text/plain"}}),
+        ("ndjson", {"content": raw, "headers": {"Content-Type": "application/x-ndjson"}}),
+        ("empty", {"content": b""}),
+        ("query", {"content": raw, "params": {"dry_run": "1"}}),
+    ]
+
+
+def _comparable(response: httpx.Response, run_id: str) -> tuple[int, Any, str | None]:
+    body = response.content.replace(run_id.encode(), b"RUN")
+    auth = response.headers.get("www-authenticate")
+    return response.status_code, orjson.loads(body) if body else None, auth
+
+
+def test_the_ingest_route_answers_as_the_documented_route(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, documented, _keyed = servers
+    for name, request in _cases("lean-1"):
+        a = lean.post("/v1/rollouts", **request)
+        b = documented.post("/v1/rollouts", **_cases("doc-1")[_index(name)][1])
+        assert _comparable(a, "lean-1") == _comparable(b, "doc-1"), name
+        assert a.headers["content-type"] == b.headers["content-type"], name
+    # Both stored what they acknowledged.
+    assert lean.get("/v1/rollouts/lean-1").json() == minimal_rollout("lean-1")
+    assert documented.get("/v1/rollouts/doc-1").json() == minimal_rollout("doc-1")
+
+
+def _index(name: str) -> int:
+    return [n for n, _ in _cases("x")].index(name)
+
+
+def test_keys_are_checked_as_on_every_route(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, documented, keyed = servers
+    raw = orjson.dumps(minimal_rollout("key-1"))
+    for client in (lean, documented):
+        for headers in ({"X-API-Key": "wrong"}, {"X-API-Key": ""}):
+            response = client.post("/v1/rollouts", content=raw, headers=headers)
+            if keyed:
+                assert response.status_code == 401, response.text
+                assert response.json()["error"]["code"] == "unauthorized"
+                assert response.headers["www-authenticate"].startswith("Bearer")
+            else:
+                assert response.status_code in (200, 201), response.text
+
+
+def test_its_requests_are_counted_under_the_route_template(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, _documented, _keyed = servers
+    lean.post("/v1/rollouts", content=orjson.dumps(minimal_rollout("metric-1")))
+    lean.post("/v1/rollouts", content=b"{nope")
+    metrics = lean.get("/metrics").text
+    assert 'route="/v1/rollouts",status="201"' in metrics
+    assert 'route="/v1/rollouts",status="400"' in metrics
+    assert 'route="unmatched"' not in metrics
