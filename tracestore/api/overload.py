@@ -153,12 +153,15 @@ class ParseBudget:
         only when `charge` does not fit."""
         if exact is not None and self.held + charge > self.limit:
             charge = min(charge, exact())
-        with anyio.move_on_after(self.wait):
-            while self.held and self.held + charge > self.limit:
-                await self._room.wait()
         if self.held and self.held + charge > self.limit:
-            self.busy += 1
-            raise ParsingBusy(self.wait)
+            # Only when it must wait: a cancel scope costs more than a small ingest's
+            # bookkeeping (bench/README.md item 14).
+            with anyio.move_on_after(self.wait):
+                while self.held and self.held + charge > self.limit:
+                    await self._room.wait()
+            if self.held and self.held + charge > self.limit:
+                self.busy += 1
+                raise ParsingBusy(self.wait)
         self.held += charge
         try:
             yield
