@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tests.conftest import Database, LiveServer, minimal_rollout
@@ -27,7 +28,9 @@ def servers(
     keyed = request.param == "keyed"
     settings = Settings(database_url=database.url, api_keys=[f"ci:{KEY}"] if keyed else [])
     lean, documented = LiveServer(settings), LiveServer(settings)
-    routes = documented.server.config.app.router.routes
+    app = documented.server.config.app
+    assert isinstance(app, FastAPI)
+    routes = app.router.routes
     assert isinstance(routes[0], IngestRoute)  # installed first, ahead of every route
     routes.pop(0)  # the FastAPI route answers instead
     headers = {"X-API-Key": KEY} if keyed else {}

@@ -129,6 +129,9 @@ def serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        # Below info the access log is filtered out, but uvicorn would still format its
+        # fields for every request.
+        access_log=log_level.lower() in ("trace", "debug", "info"),
         # Request heads bounded in size and time, refused uploads answered (api/server.py).
         **uvicorn_options(),
     )
