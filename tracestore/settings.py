@@ -173,6 +173,15 @@ class Settings(BaseSettings):
             "TRACESTORE_BODY_TIMEOUT seconds; slower uploads are cut with 408 (0: no floor)."
         ),
     )
+    opentelemetry: bool = Field(
+        default=False,
+        description=(
+            "FastAPI's native OpenTelemetry spans, metrics and logs, through the providers "
+            "configured globally (e.g. by opentelemetry-instrument). Off by default: "
+            "tracestore's own metrics are on /metrics, and FastAPI's check for providers "
+            "cost ~4% of a small post's CPU on every request."
+        ),
+    )
     group_commit_wait_ms: float = Field(
         default=2.0,
         ge=0,

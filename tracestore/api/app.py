@@ -79,6 +79,10 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         lifespan=lifespan,
         # Every route refuses query parameters it does not declare (api/params.py).
         dependencies=[Depends(only_declared_query)],
+        # Off unless TRACESTORE_OPENTELEMETRY: no per-request look for providers.
+        telemetry=None
+        if settings.opentelemetry
+        else {"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
         docs_url=None,  # /docs and /redoc are served offline (api/pages/docs.py)
         redoc_url=None,
     )
