@@ -1,5 +1,6 @@
-"""POST /v1/rollouts is served by IngestRoute, below FastAPI's dependency machinery (issue
-19): it answers every kind of request exactly as the documented FastAPI route does."""
+"""POST /v1/rollouts is served by IngestRoute (reached through IngestShortcut), below
+FastAPI's dependency machinery (issue 19): it answers every kind of request exactly as the
+documented FastAPI route does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tests.conftest import Database, LiveServer, minimal_rollout
-from tracestore.api.routes.rollouts import IngestRoute
+from tracestore.api.routes.rollouts import IngestRoute, IngestShortcut
 from tracestore.settings import Settings
 
 KEY = "k-ingest-route"
@@ -32,7 +33,10 @@ def servers(
     assert isinstance(app, FastAPI)
     routes = app.router.routes
     assert isinstance(routes[0], IngestRoute)  # installed first, ahead of every route
-    routes.pop(0)  # the FastAPI route answers instead
+    assert app.user_middleware[-1].cls is IngestShortcut  # the innermost middleware
+    # The FastAPI route answers instead (the stack is built at the first request).
+    routes.pop(0)
+    app.user_middleware.pop()
     headers = {"X-API-Key": KEY} if keyed else {}
     with lean, documented:
         with (

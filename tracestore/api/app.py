@@ -87,6 +87,9 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         redoc_url=None,
     )
     install_error_handlers(app)
+    # POST /v1/rollouts ahead of every route, below FastAPI's dependency machinery, and
+    # its shortcut the innermost middleware: added first.
+    rollouts.install_ingest_route(app)
     limits.install(app, settings)
     app.include_router(service.router)
     keyed = [Depends(require_api_key)]
@@ -101,8 +104,6 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
     app.include_router(admin.router, dependencies=keyed)
     app.include_router(drift.pages, dependencies=keyed)
     app.include_router(inspect.router, dependencies=keyed)
-    # POST /v1/rollouts ahead of every route, below FastAPI's dependency machinery.
-    rollouts.install_ingest_route(app)
     install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)
     app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
     app.add_middleware(ObservabilityMiddleware, state=observability)
