@@ -497,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         )
         return
+    if args.compare and not (RESULTS / f"{args.compare}.json").exists():
+        parser.error(f"--compare {args.compare}: no bench/results/{args.compare}.json")
     size = args.size or "full"
     backends = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     if "postgresql" in backends and not pg_available():
