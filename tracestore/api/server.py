@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 from typing import Any, cast
 
 import orjson
+import uvicorn
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
+from uvicorn.supervisors import Multiprocess
 
 from tracestore.settings import Settings
 
@@ -244,6 +247,84 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
+# --- one listening socket per worker -------------------------------------------------------
+#
+# uvicorn's workers share the one socket the supervisor binds, and each accepts as many
+# connections as are waiting whenever it wakes: 32 clients connecting at once went 31 to
+# one worker and 1 to the other, and kept-alive connections stay where they landed, so
+# `--workers 2` served a task app's posts on one core (bench/README.md item 14). Here the
+# supervisor only reserves the address (bound, never listening) and each worker listens on
+# a socket of its own bound to it with SO_REUSEPORT: the kernel spreads new connections
+# over the workers' sockets by their address hash.
+
+
+class _WorkerListeners(socket.socket):
+    """The supervisor's socket: it holds the address; a worker that receives it (pickled
+    into the worker process) gets a new socket of its own on that address instead."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_worker_socket, (self.family, self.getsockname()))
+
+
+def _reuse_port(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+
+
+def _worker_socket(family: int, address: Any) -> socket.socket:
+    """A worker's own socket on `address` (its event loop listens on it)."""
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    _reuse_port(sock)
+    sock.bind(address)
+    return sock
+
+
+def reserve_address(host: str, port: int) -> socket.socket:
+    """The supervisor's socket for `host:port` (OSError when the address is taken).
+
+    A plain bind first: SO_REUSEPORT alone would let a second tracestore server start on
+    the port of a running one and share its connections.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))  # EADDRINUSE when anything listens there
+    sock = _WorkerListeners(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    _reuse_port(sock)
+    sock.bind((host, port))
+    return sock
+
+
+def run_server(*, host: str, port: int, workers: int, log_level: str, access_log: bool) -> None:
+    """Serve the API with uvicorn (its supervisor for several workers), as `serve` does."""
+    options: dict[str, Any] = {
+        "factory": True,
+        "host": host,
+        "port": port,
+        "workers": workers,
+        "log_level": log_level,
+        "access_log": access_log,
+        **uvicorn_options(),
+    }
+    if workers == 1:
+        uvicorn.run(APP, **options)
+        return
+    config = Config(APP, **options)
+    try:
+        sock = reserve_address(host, port)
+    except OSError as exc:
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+
+
+APP = "tracestore.api.app:create_app"
+
+
 def uvicorn_options() -> dict[str, Any]:
     """The options `tracestore serve` gives uvicorn.run (besides host, port, workers)."""
     return {
@@ -257,4 +338,4 @@ def uvicorn_options() -> dict[str, Any]:
     }
 
 
-__all__ = ["GuardedHttpToolsProtocol", "uvicorn_options"]
+__all__ = ["GuardedHttpToolsProtocol", "reserve_address", "run_server", "uvicorn_options"]

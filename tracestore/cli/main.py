@@ -101,9 +101,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP API (a new SQLite database file is created and migrated first)."""
-    import uvicorn
-
-    from tracestore.api.server import uvicorn_options
+    from tracestore.api.server import run_server
     from tracestore.db import migrate
 
     settings = settings_for(db)
@@ -122,9 +120,7 @@ def serve(
         f"tracestore {__version__} on http://{host}:{port} "
         f"({engine.dialect.name}, {workers} worker{'s' if workers > 1 else ''}); docs at /docs"
     )
-    uvicorn.run(
-        "tracestore.api.app:create_app",
-        factory=True,
+    run_server(
         host=host,
         port=port,
         workers=workers,
@@ -132,8 +128,6 @@ def serve(
         # Below info the access log is filtered out, but uvicorn would still format its
         # fields for every request.
         access_log=log_level.lower() in ("trace", "debug", "info"),
-        # Request heads bounded in size and time, refused uploads answered (api/server.py).
-        **uvicorn_options(),
     )
 
 
