@@ -22,12 +22,12 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    insert,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
+from tracestore.db.bulk import bulk_insert
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
 from tracestore.vocabulary import DRIFT_KINDS
@@ -59,10 +59,10 @@ def write_drift_many(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -
     if not items:
         return
     now = datetime.now(UTC)
-    conn.execute(insert(CHECKS), [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
-    findings = [dict(f, run_pk=pk) for pk, r in items for f in r.findings]
-    if findings:
-        conn.execute(insert(FINDINGS), findings)
+    # Straight to the driver (db/bulk.py), as the rollout's own rows: SQLAlchemy's
+    # executemany built each row's parameters at ~0.05 ms a run.
+    bulk_insert(conn, CHECKS, [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
+    bulk_insert(conn, FINDINGS, [dict(f, run_pk=pk) for pk, r in items for f in r.findings])
 
 
 def replace_drift(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:
