@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from tracestore.db.uow import write_session
+from tracestore.db.uow import write_connection
 from tracestore.ingest.service import cyclic_gc_paused, prepare
 from tracestore.store.rollouts import IngestResult, Prepared, store_many
 
@@ -92,8 +92,8 @@ def _store_group(engine: Engine, raws: list[bytes]) -> list[Outcome]:
             outcomes[index] = exc
     if ready:
         try:
-            with write_session(engine) as session:
-                stored = _store_isolated(session.connection(), [p for _, p in ready])
+            with write_connection(engine) as conn:
+                stored = _store_isolated(conn, [p for _, p in ready])
         except Exception as exc:  # the transaction did not commit: nothing is durable
             stored = [exc] * len(ready)
         for (index, _), outcome in zip(ready, stored, strict=True):

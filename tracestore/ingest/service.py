@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from tracestore.correlation import resolve_correlation
-from tracestore.db.uow import write_session
+from tracestore.db.uow import write_connection
 from tracestore.drift.rows import drift_rows
 from tracestore.errors import TracestoreError
 from tracestore.ingest.parse import parse_json, validate_rollout
@@ -100,8 +100,8 @@ def store_prepared(engine: Engine, prepared: Sequence[Prepared]) -> list[IngestR
     """
     results: list[IngestResult] = []
     for chunk in _chunks(prepared):
-        with write_session(engine) as session:
-            results.extend(store_many(session.connection(), chunk))
+        with write_connection(engine) as conn:
+            results.extend(store_many(conn, chunk))
     return results
 
 

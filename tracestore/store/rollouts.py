@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Table, insert, select, text
+from sqlalchemy import Connection, Table, bindparam, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from tracestore.db.bulk import allocate_ids, bulk_insert
@@ -127,6 +127,11 @@ _FIND_RUN = select(
     RUNS.c.correlation_id,
     RUNS.c.correlation_source,
     RUNS.c.trace_kind,
+)
+# Built once: the run_ids of a chunk as one expanding parameter (an `in_()` built per chunk
+# cost ~5% of a group's write in expression building and cache keys).
+_FIND_RUNS = _FIND_RUN.add_columns(RUNS.c.run_id).where(
+    RUNS.c.run_id.in_(bindparam("run_ids", expanding=True))
 )
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
 # The highest ingest sequence given so far on SQLite, deleted runs' included: else a run
@@ -352,7 +357,7 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     ids = [p.doc["run_id"] for p in chunk]
     found = {
         r.run_id: r
-        for r in conn.execute(_FIND_RUN.add_columns(RUNS.c.run_id).where(RUNS.c.run_id.in_(ids)))
+        for r in conn.execute(_FIND_RUNS, {"run_ids": ids})
     }
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
