@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from tracestore.correlation import resolve_correlation
+from tracestore.correlation import Resolution, resolve_correlation
 from tracestore.toolcalls import normalize_tool_calls
 from tracestore.vocabulary import (
     DRIFT_KINDS,
@@ -288,8 +288,10 @@ def _return_finding(doc: Mapping[str, Any], side: _TraceSide) -> Finding | None:
     )
 
 
-def _correlation_finding(doc: Mapping[str, Any]) -> Finding | None:
-    resolution = resolve_correlation(doc)
+def _correlation_finding(
+    doc: Mapping[str, Any], resolution: Resolution | None = None
+) -> Finding | None:
+    resolution = resolve_correlation(doc) if resolution is None else resolution
     if not resolution.conflict:
         return None
     paths: dict[str, list[str]] = {}
@@ -332,8 +334,9 @@ def _not_comparable_reason(
     return None
 
 
-def compare_rollout(doc: Mapping[str, Any]) -> Comparison:
-    """Compare a RolloutResponse's trajectories with its trace (SPEC §6)."""
+def compare_rollout(doc: Mapping[str, Any], resolution: Resolution | None = None) -> Comparison:
+    """Compare a RolloutResponse's trajectories with its trace (SPEC §6); `resolution` is
+    the document's resolve_correlation when the caller has it (ingest does)."""
     run_id = doc.get("run_id")
     trace = doc.get("trace")
     slots = _trajectory_slots(doc)
@@ -352,7 +355,7 @@ def compare_rollout(doc: Mapping[str, Any]) -> Comparison:
         returned = _return_finding(doc, side)
         if returned is not None:
             findings.append(returned)
-    conflict = _correlation_finding(doc)
+    conflict = _correlation_finding(doc, resolution)
     if conflict is not None:
         findings.append(conflict)
     return Comparison(

@@ -14,6 +14,7 @@ from typing import Any
 
 from tracestore.convert import CONVERTER_VERSION
 from tracestore.convert.to_trajectories import core_steps
+from tracestore.correlation import Resolution
 from tracestore.drift.compare import REWARD_TOLERANCE, Comparison, compare_rollout
 from tracestore.store.drift import DriftRows
 from tracestore.toolcalls import normalize_tool_calls
@@ -146,9 +147,10 @@ def _usable_trace(doc: Mapping[str, Any], comparison: Comparison) -> bool:
     return False
 
 
-def drift_rows(doc: Mapping[str, Any]) -> DriftRows:
-    """The drift rows of a validated rollout (pure); written later by write_drift_many."""
-    comparison = compare_rollout(doc)
+def drift_rows(doc: Mapping[str, Any], resolution: Resolution | None = None) -> DriftRows:
+    """The drift rows of a validated rollout (pure); written later by write_drift_many.
+    `resolution`: the document's resolve_correlation, when the caller has it."""
+    comparison = compare_rollout(doc, resolution)
     repro = reproduction(doc)
     check = {
         "comparator_version": comparison.version,

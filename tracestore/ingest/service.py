@@ -65,9 +65,11 @@ def prepare(raw: bytes, doc: Any = _MISSING) -> Prepared:
         parsed = parse_json(raw) if doc is _MISSING else doc
         valid = validate_rollout(parsed)
         # Projection, drift comparison and the reproduction check each read the trace: once.
+        # The cids are resolved once, for the projection and the drift comparison.
+        resolution = resolve_correlation(valid)
         with reusing_views():
-            rows = project_rollout(valid, resolve_correlation(valid))
-            drift = drift_rows(valid)
+            rows = project_rollout(valid, resolution)
+            drift = drift_rows(valid, resolution)
     return Prepared(doc=valid, raw=raw, digest=content_hash(raw), rows=rows, drift=drift)
 
 
