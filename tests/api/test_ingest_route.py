@@ -33,17 +33,19 @@ def servers(
     assert isinstance(app, FastAPI)
     routes = app.router.routes
     assert isinstance(routes[0], IngestRoute)  # installed first, ahead of every route
-    assert app.user_middleware[-1].cls is IngestShortcut  # the innermost middleware
+    innermost: object = app.user_middleware[-1].cls
+    assert innermost is IngestShortcut
     # The FastAPI route answers instead (the stack is built at the first request).
     routes.pop(0)
     app.user_middleware.pop()
     headers = {"X-API-Key": KEY} if keyed else {}
-    with lean, documented:
-        with (
-            httpx.Client(base_url=lean.url, headers=headers, timeout=60) as a,
-            httpx.Client(base_url=documented.url, headers=headers, timeout=60) as b,
-        ):
-            yield a, b, keyed
+    with (
+        lean,
+        documented,
+        httpx.Client(base_url=lean.url, headers=headers, timeout=60) as a,
+        httpx.Client(base_url=documented.url, headers=headers, timeout=60) as b,
+    ):
+        yield a, b, keyed
 
 
 def _cases(run_id: str) -> list[tuple[str, dict[str, Any]]]:

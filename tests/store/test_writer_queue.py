@@ -62,9 +62,14 @@ def test_a_write_transaction_holds_the_queue_until_it_commits(
 
 def test_a_rolled_back_write_releases_the_queue(store: tuple[Engine, Path]) -> None:
     engine, lock = store
-    with pytest.raises(RuntimeError), write_session(engine) as session:
-        session.execute(text("INSERT INTO t VALUES (1)"))
-        raise RuntimeError("undo")
+
+    def write_then_fail() -> None:
+        with write_session(engine) as session:
+            session.execute(text("INSERT INTO t VALUES (1)"))
+            raise RuntimeError("undo")
+
+    with pytest.raises(RuntimeError):
+        write_then_fail()
     assert is_free(lock)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM t")).scalar() == 0

@@ -355,10 +355,7 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     later ones also take that path, so they see the first one's row.
     """
     ids = [p.doc["run_id"] for p in chunk]
-    found = {
-        r.run_id: r
-        for r in conn.execute(_FIND_RUNS, {"run_ids": ids})
-    }
+    found = {r.run_id: r for r in conn.execute(_FIND_RUNS, {"run_ids": ids})}
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
     for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
