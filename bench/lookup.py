@@ -5,25 +5,37 @@ document each): ingesting a million rollouts through the service would take hour
 measure ingest, not look-up. Latency is measured in-process (the store functions the API
 calls, on a session) and over HTTP (keep-alive client, one worker), next to the floor: the
 same indexed SELECT through the bare driver.
+
+On its own: `python -m bench.lookup [--db sqlite|postgresql] [--runs N] [--samples N]
+[--keep NAME] [--out FILE]`; `--keep` builds the store once (a SQLite file path, or a
+PostgreSQL database name on TRACESTORE_BENCH_PG_URL's server) and reuses it on later runs
+(filling a million runs takes a minute or two), `--keep NAME --drop` removes it.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import psycopg
+from sqlalchemy import create_engine as sa_engine
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from bench.common import percentiles, server
+from bench.common import PG_ADMIN, fresh_database, percentiles, server
+from tracestore.api.overload import read_session, reading
+from tracestore.db import migrate
 from tracestore.db.engine import create_engine
-from tracestore.db.uow import read_session
 from tracestore.store.documents import compress_document
 from tracestore.store.runs import get_document, runs_by_correlation
 
@@ -163,7 +175,8 @@ def measure(url: str, n: int, samples: int, seed: int = 1) -> dict[str, Any]:
             )
             out["floor_cid"] = _sample(lambda k: pg.execute(cid_sql, (k,)).fetchall(), cids)
             out["floor_run_id"] = _sample(lambda k: pg.execute(doc_sql, (k,)).fetchall(), run_ids)
-    engine = create_engine(url)
+    # The API's read sessions: on PostgreSQL in autocommit (api/overload.py).
+    engine = reading(create_engine(url))
 
     def by_cid(cid: str) -> None:
         with read_session(engine) as session:
@@ -190,3 +203,97 @@ def measure(url: str, n: int, samples: int, seed: int = 1) -> dict[str, Any]:
                 out[f"{where}_{kind}"]["p99_ms"] / floor_p99
             )
     return out
+
+
+def _store_url(backend: str, name: str) -> str:
+    """The URL of a kept store: a SQLite file path, or a PostgreSQL database name."""
+    if backend == "sqlite":
+        return f"sqlite:///{name}"
+    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+
+
+def _count_runs(url: str) -> int | None:
+    """Runs in the store at `url`; None when it does not exist or has no schema."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one())
+    except Exception:
+        return None
+    finally:
+        engine.dispose()
+
+
+def _kept_store(backend: str, name: str, n: int) -> str:
+    """A store of n runs named `name`, built on first use and kept: later runs reuse it."""
+    url = _store_url(backend, name)
+    have = _count_runs(url)
+    if have == n:
+        return url
+    if have is not None:
+        raise SystemExit(f"{url} holds {have:,} runs, not {n:,}: --drop it first")
+    if backend == "postgresql":
+        admin = sa_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    started = time.perf_counter()
+    fill(url, n)
+    print(f"built {url}: {n:,} runs in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return url
+
+
+def _drop(backend: str, name: str) -> None:
+    if backend == "sqlite":
+        for suffix in ("", "-wal", "-shm", "-writer"):
+            Path(name + suffix).unlink(missing_ok=True)
+        return
+    admin = sa_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.lookup`: look-up latency on one database, as `bench all` measures it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lookup",
+        description="Look-up latency by cid and by run_id (bench/lookup.py).",
+    )
+    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="postgresql")
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument(
+        "--keep",
+        metavar="NAME",
+        help="build the store once as NAME (a SQLite file path, or a PostgreSQL database "
+        "name) and reuse it on later runs (default: a fresh store, removed afterwards)",
+    )
+    parser.add_argument("--drop", action="store_true", help="remove the --keep store and exit")
+    parser.add_argument("--out", metavar="FILE", help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if args.drop:
+        if not args.keep:
+            parser.error("--drop needs --keep NAME")
+        _drop(args.db, args.keep)
+        return
+    if args.keep:
+        url = _kept_store(args.db, args.keep, args.runs)
+        result = measure(url, args.runs, args.samples)
+    else:
+        with fresh_database(args.db) as url:
+            fill(url, args.runs)
+            result = measure(url, args.runs, args.samples)
+    for key, fig in result.items():
+        ratio = fig.get("p99_ratio_to_floor")
+        extra = f"  ({ratio:.1f}x floor p99)" if ratio is not None else ""
+        print(f"{key:20s} p50 {fig['p50_ms']:7.3f} ms  p99 {fig['p99_ms']:7.3f} ms{extra}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"db": args.db, "runs": args.runs, **result}))
+
+
+if __name__ == "__main__":
+    main()

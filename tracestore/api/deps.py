@@ -56,7 +56,8 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 async def get_read_session(state: StateDep) -> AsyncIterator[Session]:
     """A read-only session for the request, once a read slot is free (else 503
-    database_busy); it connects at its first query."""
+    database_busy); it connects at its first query, on PostgreSQL in autocommit: no
+    BEGIN/ROLLBACK round trips (api/overload.py `reading`)."""
     async with state.lanes.reads.session() as session:
         yield session
 

@@ -9,14 +9,26 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import BindParameter, Select, bindparam, select, union
+from sqlalchemy import (
+    BindParameter,
+    Select,
+    bindparam,
+    cast,
+    literal_column,
+    null,
+    select,
+    union,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from tracestore.correlation import lookup_forms
 from tracestore.errors import InvalidRequest, NotFound
-from tracestore.models import Run, Trajectory
-from tracestore.store.documents import load_document
+from tracestore.models import Run, RunDocument, Trajectory
+from tracestore.models.drift import DriftFinding
+from tracestore.store.documents import decompress_document, load_document
 from tracestore.store.drift import drift_kinds_for, has_drift_clause
+from tracestore.vocabulary import DRIFT_KINDS
 
 MAX_LIMIT = 1000
 # Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
@@ -59,7 +71,6 @@ class RunFilter:
 # The look-ups' statements are built once and executed with parameters on the session's
 # Core connection: building the expression and the ORM execution layer cost more than
 # the indexed SELECT itself (bench/README.md).
-_CID: BindParameter[str] = bindparam("cid")
 _IDS_OF_RUNS = (
     select(Trajectory.run_pk, Trajectory.env_id, Trajectory.policy_id)
     .where(Trajectory.run_pk.in_(bindparam("pks", expanding=True)))
@@ -70,6 +81,23 @@ _IDS_OF_RUNS = (
 def get_document(session: Session, run_id: str) -> bytes:
     """The rollout exactly as received (raw JSON bytes); NotFound when absent."""
     return load_document(session.connection(), run_id)
+
+
+_DOCUMENT_AND_TRAJECTORIES = (
+    select(RunDocument.body, RunDocument.encoding, Run.n_trajectories)
+    .join(Run, Run.id == RunDocument.run_pk)
+    .where(Run.run_id == bindparam("run_id"))
+)
+
+
+def get_document_read(session: Session, run_id: str) -> tuple[bytes, bool]:
+    """The rollout as received and whether it has trajectories (reading it whole is then
+    a legacy read: `drift.reads.has_trajectories`), in one statement; NotFound when
+    absent."""
+    row = session.connection().execute(_DOCUMENT_AND_TRAJECTORIES, {"run_id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
+    return decompress_document(row.body, row.encoding), bool(row.n_trajectories)
 
 
 def encode_cursor(last_pk: int) -> str:
@@ -99,9 +127,6 @@ def runs_of_cid(cid: str | BindParameter[str]) -> Any:
         select(Run.id).where(Run.correlation_id == cid),
         select(Trajectory.run_pk).where(Trajectory.correlation_id == cid),
     )
-
-
-_BY_CID = select(*SUMMARY_COLUMNS).where(Run.id.in_(runs_of_cid(_CID))).order_by(Run.id.desc())
 
 
 def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any, ...]]:
@@ -152,14 +177,22 @@ def _step_source(row: Any) -> str:
 def _summaries(session: Session, rows: list[Any]) -> list[dict[str, Any]]:
     pks = [r.id for r in rows]
     kinds = drift_kinds_for(session, pks)
+    ids = list(session.connection().execute(_IDS_OF_RUNS, {"pks": pks})) if pks else []
+    return _summaries_of(rows, ids, kinds)
+
+
+def _summaries_of(
+    rows: list[Any], ids: list[Any], kinds: dict[int, list[str]]
+) -> list[dict[str, Any]]:
+    """The summaries of `rows` (SUMMARY_COLUMNS), given their trajectories' env and policy
+    ids (`(run_pk, env_id, policy_id)` in trajectory order) and their drift kinds."""
     envs: dict[int, list[str]] = {}
     policies: dict[int, list[str]] = {}
-    if pks:
-        for t in session.connection().execute(_IDS_OF_RUNS, {"pks": pks}):
-            if t.env_id is not None and t.env_id not in envs.setdefault(t.run_pk, []):
-                envs[t.run_pk].append(t.env_id)
-            if t.policy_id is not None and t.policy_id not in policies.setdefault(t.run_pk, []):
-                policies[t.run_pk].append(t.policy_id)
+    for run_pk, env_id, policy_id in ids:
+        if env_id is not None and env_id not in envs.setdefault(run_pk, []):
+            envs[run_pk].append(env_id)
+        if policy_id is not None and policy_id not in policies.setdefault(run_pk, []):
+            policies[run_pk].append(policy_id)
     for r in rows:
         # The run's own (a trace-only run's come from its trace), after its trajectories'.
         if r.env_id is not None and r.env_id not in envs.setdefault(r.id, []):
@@ -208,17 +241,122 @@ def list_runs(
     return _summaries(session, rows), (encode_cursor(rows[-1].id) if more else None)
 
 
+def _cid_lookup(n_forms: int) -> Any:
+    """The whole look-up by correlation id as one statement, for `n_forms` forms (bound as
+    form0, form1, ...).
+
+    `matched` holds (stored cid, run key) for every form looked up: the runs whose
+    canonical or per-trajectory cid it is (a UNION of index look-ups, as runs_of_cid).
+    Three parts follow, told apart by `part` and sorted for the caller: 0, the summary
+    columns of each matched run (with the cid that matched it; newest first); 1, the env
+    and policy ids of their trajectories (in trajectory order); 2, their distinct drift
+    kinds. One statement is one round trip and, on both databases, one snapshot. The
+    forms are plain parameters, one statement per count: an expanding IN would be
+    rendered anew at every execution (0.3 ms, more than the query takes).
+    """
+    forms = [bindparam(f"form{i}", type_=Run.correlation_id.type) for i in range(n_forms)]
+
+    def named(column: Any) -> Any:
+        return column == forms[0] if n_forms == 1 else column.in_(forms)
+
+    matched = union(
+        select(Run.correlation_id.label("cid"), Run.id.label("pk")).where(
+            named(Run.correlation_id)
+        ),
+        select(Trajectory.correlation_id.label("cid"), Trajectory.run_pk.label("pk")).where(
+            named(Trajectory.correlation_id)
+        ),
+    ).cte("matched")
+    keys = select(matched.c.pk).scalar_subquery()
+    # Typed NULLs: PostgreSQL must know every column's type in each part.
+    pad = {c.key: cast(null(), c.type) for c in SUMMARY_COLUMNS}
+    summary = [c.label(c.key) for c in SUMMARY_COLUMNS]
+
+    def row(part: int, cid: Any, idx: Any, kind: Any, **columns: Any) -> list[Any]:
+        values = {**pad, **columns}
+        return [
+            literal_column(str(part)).label("part"),
+            cid.label("cid"),
+            *(values[c.key].label(c.key) for c in SUMMARY_COLUMNS),
+            idx.label("idx"),
+            kind.label("kind"),
+        ]
+
+    runs = select(
+        literal_column("0").label("part"),
+        matched.c.cid,
+        *summary,
+        cast(null(), Trajectory.idx.type).label("idx"),
+        cast(null(), DriftFinding.kind.type).label("kind"),
+    ).join_from(matched, Run, Run.id == matched.c.pk)
+    trajectories = select(
+        *row(
+            1,
+            cast(null(), Run.correlation_id.type),
+            Trajectory.idx,
+            cast(null(), DriftFinding.kind.type),
+            id=Trajectory.run_pk,
+            env_id=Trajectory.env_id,
+            policy_id=Trajectory.policy_id,
+        )
+    ).where(Trajectory.run_pk.in_(keys))
+    kinds = (
+        select(
+            *row(
+                2,
+                cast(null(), Run.correlation_id.type),
+                cast(null(), Trajectory.idx.type),
+                DriftFinding.kind,
+                id=DriftFinding.run_pk,
+            )
+        )
+        .where(DriftFinding.run_pk.in_(keys))
+        .distinct()
+    )
+    everything = union_all(runs, trajectories, kinds)
+    columns = everything.selected_columns
+    return everything.order_by(columns.part, columns.id.desc(), columns.idx)
+
+
+# lookup_forms gives one id, or two (the id and the one it names before a '/'): built
+# once; any other count when first asked for.
+_BY_CID_FORMS = {n: _cid_lookup(n) for n in (1, 2)}
+_KIND_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
+
+
 def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str, Any]]]:
     """The stored id that `cid` matched and its runs: those whose canonical or
     per-trajectory cid it is (NotFound when none).
 
     `cid` itself is tried first, then the id a URL value written as synth-ai's extractor
-    reads it names (`correlation.lookup_forms`).
+    reads it names (`correlation.lookup_forms`): the first form that has runs is the
+    answer. Every form is looked up in the same statement (`_cid_lookup`).
     """
-    for form in lookup_forms(cid):
-        rows = list(session.connection().execute(_BY_CID, {"cid": form}))
-        if rows:
-            return form, _summaries(session, rows)
+    forms = lookup_forms(cid)
+    statement = _BY_CID_FORMS.get(len(forms))
+    if statement is None:
+        statement = _BY_CID_FORMS.setdefault(len(forms), _cid_lookup(len(forms)))
+    parameters = {f"form{i}": form for i, form in enumerate(forms)}
+    rows = session.connection().execute(statement, parameters).all()
+    runs_of: dict[str, list[Any]] = {}
+    for r in rows:
+        if r.part == 0:
+            runs_of.setdefault(r.cid, []).append(r)
+    for form in forms:
+        runs = runs_of.get(form)
+        if runs:
+            # The other parts hold the runs of every form: keep this form's.
+            pks = {r.id for r in runs}
+            ids = [(r.id, r.env_id, r.policy_id) for r in rows if r.part == 1 and r.id in pks]
+            found: dict[int, set[str]] = {}
+            for r in rows:
+                if r.part == 2 and r.id in pks:
+                    found.setdefault(r.id, set()).add(r.kind)
+            kinds = {  # in DRIFT_KINDS order, as drift_kinds_for gives them
+                pk: sorted(ks, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
+                for pk, ks in found.items()
+            }
+            return form, _summaries_of(runs, ids, kinds)
     raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
 
 
