@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import TRACESTORE, free_port, fresh_database, pg_available
+from bench.common import TRACESTORE, free_port, fresh_database, pg_available, tcp_sockets
 from bench.corpus import corpus
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -140,7 +140,7 @@ def serve(
         # api/server.py): wait for all, or clients connecting now would all go to the first.
         # (A server whose workers share one socket never shows more than one: go on.)
         deadline = time.monotonic() + 15
-        while _listening(port) < workers and time.monotonic() < deadline:
+        while len(tcp_sockets(port, "0A")) < workers and time.monotonic() < deadline:
             time.sleep(0.1)
         yield base, proc.pid
     finally:
@@ -149,17 +149,6 @@ def serve(
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _listening(port: int) -> int:
-    """How many TCP sockets listen on `port` (/proc/net/tcp state 0A)."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
-                count += 1
-    return count
 
 
 # --- the clients ---------------------------------------------------------------------------

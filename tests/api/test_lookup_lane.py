@@ -1,5 +1,5 @@
 """The read lane: look-ups over HTTP send no BEGIN/ROLLBACK on PostgreSQL, one statement per
-cid look-up, and every session gives its connection back (on the event loop when there is
+look-up, and every session gives its connection back (on the event loop when there is
 nothing to send, in a lane thread otherwise)."""
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ def test_http_look_ups_send_no_begin_or_rollback_on_postgresql(
         assert lanes.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     assert not transaction_statements(lines), lines
     assert set(messages(lines, "B", "ReadyForQuery")) == {"I"}, lines
-    # One statement per cid look-up (5 found, 1 not); the run_id route's (not this
-    # module's to change) read the document and then whether the run has trajectories.
+    # One statement per look-up: by cid (5 found, 1 not), by run_id (the document and
+    # whether the run has trajectories together; 1 found, 1 not).
     selects = messages(lines, "B", "CommandComplete")
-    assert len(selects) == 6 + 2 + 1, lines
+    assert len(selects) == 6 + 2, lines
 
 
 @pytest.mark.parametrize("reads", [True, False])

@@ -19,6 +19,7 @@ import httpx
 import orjson
 import pytest
 
+from bench.common import tcp_sockets
 from tests.conftest import minimal_rollout
 from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess
 
@@ -45,33 +46,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _inodes(port: int, state: str) -> set[str]:
-    """Socket inodes of the TCP sockets in `state` whose local port is `port`
-    (/proc/net/tcp states: 01 ESTABLISHED, 0A LISTEN)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == state:
-                inodes.add(fields[9])
-    return inodes
-
-
-def _established_inodes(port: int) -> set[str]:
-    return _inodes(port, "01")
-
-
 def test_each_worker_listens_on_a_socket_of_its_own(server: ServerProcess) -> None:
     # /health answers once one worker is up: the other may still be starting.
     deadline = time.monotonic() + 60
-    while len(_inodes(server.port, "0A")) < 2 and time.monotonic() < deadline:
+    while len(tcp_sockets(server.port, "0A")) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(_inodes(server.port, "0A")) == 2
+    assert len(tcp_sockets(server.port, "0A")) == 2
 
 
 def _connections_by_worker(server: ServerProcess) -> Counter[int]:
-    inodes = _established_inodes(server.port)
+    inodes = tcp_sockets(server.port, "01")
     counts: Counter[int] = Counter()
     for pid in _children(server.pid):
         for fd in Path(f"/proc/{pid}/fd").iterdir():

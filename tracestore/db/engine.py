@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import threading
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -230,15 +232,71 @@ def create_engine(
         return engine
     if backend == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
-        return sa_create_engine(
+        engine = sa_create_engine(
             parsed,
             json_serializer=json_dumps_pg,
             json_deserializer=json_loads,
             **kwargs,
         )
+        if kwargs["pool_pre_ping"] and kwargs.get("poolclass") is not NullPool:
+            QuietPing(engine).install()
+        return engine
     raise ValueError(
         f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://..."
     )
+
+
+class QuietPing:
+    """The pool's liveness ping, skipped for a PostgreSQL connection that was given back
+    less than `fresh_for` seconds ago and whose socket has nothing to read.
+
+    The ping is a round trip before every checkout, as long as a look-up's own statement
+    (bench/README.md item 7). A connection the server ended (a restart, a terminated
+    backend, an idle timeout) has its error message or its end of stream waiting on the
+    socket, so it is pinged as before and replaced; so is one idle for longer, which a
+    silent network could have cut. A connection that dies in the instant between the
+    check and its first statement fails that statement, as it would after a ping.
+    """
+
+    def __init__(self, engine: Engine, fresh_for: float = 1.0) -> None:
+        self.engine = engine
+        self.fresh_for = fresh_for
+        self.skipped = 0  # pings spared
+        self._ping = engine.dialect.do_ping
+        self._given_back: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    def install(self) -> None:
+        """Wrap the engine's dialect (its own: each engine makes one) and watch its pool."""
+        event.listen(self.engine.pool, "checkin", self._checkin)
+        self.engine.dialect.do_ping = self.ping  # type: ignore[method-assign]
+
+    def _checkin(self, dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection is not None:  # None: the connection was invalidated
+            self._given_back[dbapi_connection] = time.monotonic()
+
+    def ping(self, dbapi_connection: Any) -> bool:
+        """The dialect's ping, unless the connection is fresh and quiet (then True)."""
+        given_back = self._given_back.get(dbapi_connection)
+        if (
+            given_back is not None
+            and time.monotonic() - given_back < self.fresh_for
+            and _quiet(dbapi_connection)
+        ):
+            self.skipped += 1
+            return True
+        return bool(self._ping(dbapi_connection))
+
+
+def _quiet(dbapi_connection: Any) -> bool:
+    """Whether a psycopg connection is open, outside a transaction, and has nothing from
+    the server waiting on its socket (a server's goodbye is an error message, then EOF)."""
+    try:
+        if dbapi_connection.closed or dbapi_connection.info.transaction_status.name != "IDLE":
+            return False
+        readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
+    except Exception:  # anything unexpected: ping it
+        return False
+    return not readable
 
 
 def write_engine(engine: Engine) -> Engine:

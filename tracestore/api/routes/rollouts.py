@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request, Response
+from pydantic import TypeAdapter
+from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import Match, Route
@@ -25,6 +28,7 @@ from tracestore.api.body import (
 from tracestore.api.clients import LEGACY_STATE
 from tracestore.api.deps import AppState, ReadSessionDep, StateDep, check_key
 from tracestore.api.errors import JSONBody, error_body, status_of
+from tracestore.api.overload import read_session
 from tracestore.api.params import (
     RUN_PATH,
     RunFilterDep,
@@ -38,12 +42,11 @@ from tracestore.api.schemas import (
     RunList,
     error_responses,
 )
-from tracestore.drift.reads import has_trajectories
 from tracestore.errors import EmptyBatch, UnsupportedMediaType
 from tracestore.ingest.group import GroupCommit
 from tracestore.ingest.service import MAX_BYTES_PER_TRANSACTION, cyclic_gc_paused, ingest_many
 from tracestore.store.rollouts import IngestResult
-from tracestore.store.runs import MAX_LIMIT, get_document, list_runs, runs_by_correlation
+from tracestore.store.runs import MAX_LIMIT, get_document_read, list_runs, runs_by_correlation
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 
@@ -147,20 +150,20 @@ async def _post_rollout_lean(request: Request) -> Response:
     return await ingest_one(request, state)
 
 
-class IngestRoute(Route):
-    """`POST /v1/rollouts`, served below FastAPI's dependency machinery (issue 19).
+class LeanRoute(Route):
+    """A route served below FastAPI's dependency machinery (issue 19), reached from the
+    innermost middleware by `LeanShortcut`.
 
-    Task apps post one rollout per request, hundreds at once; routing through the included
-    routers, solving the route's dependencies and FastAPI's per-request exit stacks cost
-    more CPU than storing a small rollout (bench/README.md, item 14). This route comes
-    first in the app's routes and does what those dependencies do itself: it refuses any
-    query parameter (the route declares none) and checks the API key. Errors take the
-    app's exception handlers, as every route's do. `post_rollout` above stays the route's
-    documentation (OpenAPI) and answers only if this route is not installed.
+    Its endpoint does what the FastAPI route's dependencies do (the API key, the query
+    check); errors take the app's exception handlers, as every route's do. The FastAPI
+    route of the same path stays its documentation (OpenAPI) and answers only if the lean
+    one is not installed; tests/api/test_lean_routes.py runs the two side by side.
     """
 
-    def __init__(self) -> None:
-        super().__init__(INGEST_PATH, _post_rollout_lean, methods=["POST"], include_in_schema=False)
+    def __init__(self, path: str, endpoint: Callable[[Request], Awaitable[Response]], method: str):
+        super().__init__(path, endpoint, methods=[method], include_in_schema=False)
+        # Only `method`: Starlette adds HEAD to a GET route, FastAPI's GET routes refuse it.
+        self.methods = {method}
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         """As Route's, and name the route in the scope (the metrics label it by template)."""
@@ -170,58 +173,96 @@ class IngestRoute(Route):
         return match, child
 
 
-class IngestShortcut:
-    """ASGI middleware, the innermost: `POST /v1/rollouts` goes straight to IngestRoute.
+class IngestRoute(LeanRoute):
+    """`POST /v1/rollouts`: task apps post one rollout per request, hundreds at once;
+    routing through the included routers, solving the route's dependencies and FastAPI's
+    per-request exit stacks cost more CPU than storing a small rollout (bench/README.md,
+    item 14). `post_rollout` documents it."""
+
+    def __init__(self) -> None:
+        super().__init__(INGEST_PATH, _post_rollout_lean, "POST")
+
+
+CORRELATION_PATH = "/v1/correlations/{cid:run_id}"
+
+
+async def _get_correlation_lean(request: Request) -> Response:
+    state: AppState = request.app.state.tracestore
+    if request.scope.get("query_string"):
+        # Named as FastAPI's query check names it: the path without its convertor.
+        refuse_undeclared_query(request, request.scope["route"].path_format, frozenset())
+    check_key(request, state.settings)
+    return await correlation_answer(request.path_params["cid"], state)
+
+
+class CorrelationRoute(LeanRoute):
+    """`GET /v1/correlations/{cid}`: a trainer's look-up, where the framework's routing and
+    dependency solving cost as much CPU as the look-up (bench/README.md, item 17).
+    `get_correlation` documents it."""
+
+    def __init__(self) -> None:
+        super().__init__(CORRELATION_PATH, _get_correlation_lean, "GET")
+
+
+class LeanShortcut:
+    """ASGI middleware, the innermost: a request for a lean route goes straight to it.
 
     The request has passed every middleware of the app (errors, metrics, the in-flight
     bound); it skips only the search of the routing table and FastAPI's per-request exit
-    stack (for uploaded files; this route reads its body itself), which cost ~10% of a
-    small post's CPU. Errors take the app's exception handlers, through Starlette's own
-    ExceptionMiddleware, as on the normal path. Anything else (another method or path, a
-    root path) goes on down the app, where IngestRoute is also the first route.
+    stack (for uploaded files; these routes read their bodies themselves), which cost ~10%
+    of a small post's CPU. Errors take the app's exception handlers, through Starlette's
+    own ExceptionMiddleware, as on the normal path. Anything else (another method or path,
+    a root path) goes on down the app, where the lean routes are also the first routes.
     """
 
-    def __init__(self, app: ASGIApp, *, owner: FastAPI, route: IngestRoute) -> None:
+    def __init__(self, app: ASGIApp, *, owner: FastAPI, routes: list[LeanRoute]) -> None:
         self.app = app
         self.owner = owner
-        self.route = route
-        self._route_app: ASGIApp | None = None
+        self.ingest = next(r for r in routes if isinstance(r, IngestRoute))
+        self.others = [r for r in routes if r is not self.ingest]
+        self._apps: dict[str, ASGIApp] = {}  # by path (a route is not hashable)
 
-    def _routed(self) -> ASGIApp:
+    def _routed(self, route: LeanRoute) -> ASGIApp:
         # Built at the first request, once every exception handler is in place; the same
         # handlers as FastAPI's own ExceptionMiddleware (500 and Exception are handled
         # outermost, by ServerErrorMiddleware).
-        if self._route_app is None:
+        routed = self._apps.get(route.path)
+        if routed is None:
             handlers = {
                 k: v for k, v in self.owner.exception_handlers.items() if k not in (500, Exception)
             }
-            self._route_app = ExceptionMiddleware(self.route.handle, handlers=handlers)
-        return self._route_app
+            routed = self._apps[route.path] = ExceptionMiddleware(route.handle, handlers=handlers)
+        return routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI call."""
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] == INGEST_PATH
-            and not scope.get("root_path")
-        ):
-            # What the router would have put in the scope on a match.
-            scope["router"] = self.owner.router
-            scope["route"] = self.route
-            scope["endpoint"] = self.route.endpoint
-            scope["path_params"] = {}
-            await self._routed()(scope, receive, send)
-            return
+        if scope["type"] == "http" and not scope.get("root_path"):
+            route: LeanRoute | None = None
+            if scope["method"] == "POST" and scope["path"] == INGEST_PATH:
+                route, params = self.ingest, {}
+            else:
+                for other in self.others:
+                    match, child = other.matches(scope)
+                    if match is Match.FULL:
+                        route, params = other, child["path_params"]
+                        break
+            if route is not None:
+                # What the router would have put in the scope on a match.
+                scope["router"] = self.owner.router
+                scope["route"] = route
+                scope["endpoint"] = route.endpoint
+                scope["path_params"] = params
+                await self._routed(route)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
-def install_ingest_route(app: FastAPI) -> None:
-    """Put `IngestRoute` ahead of every other route of `app`, and the shortcut to it
+def install_lean_routes(app: FastAPI) -> None:
+    """Put the lean routes ahead of every other route of `app`, and the shortcut to them
     innermost among its middleware (call before adding any other middleware)."""
-    route = IngestRoute()
-    app.router.routes.insert(0, route)
-    app.add_middleware(IngestShortcut, owner=app, route=route)
+    routes: list[LeanRoute] = [IngestRoute(), CorrelationRoute()]
+    app.router.routes[:0] = routes
+    app.add_middleware(LeanShortcut, owner=app, routes=routes)
 
 
 def _array_items(raw: bytes, max_items: int) -> list[bytes]:
@@ -305,12 +346,19 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     },
     response_class=Response,
 )
-def get_rollout(run_id: RunIdPath, request: Request, session: ReadSessionDep) -> Response:
+async def get_rollout(run_id: RunIdPath, request: Request, state: StateDep) -> Response:
     """Return a stored rollout."""
-    body = get_document(session, run_id)
+    lane = state.lanes.reads
+    # One hop to a lane thread for the whole read (session, statement, its end).
+    body, legacy = await lane.run(_document_read, lane.session_engine, run_id)
     # Only a run with trajectories makes this a legacy read (migration phase 3).
-    request.scope.setdefault("state", {})[LEGACY_STATE] = has_trajectories(session, run_id)
+    request.scope.setdefault("state", {})[LEGACY_STATE] = legacy
     return Response(body, media_type="application/json")
+
+
+def _document_read(engine: Engine, run_id: str) -> tuple[bytes, bool]:
+    with read_session(engine) as session:
+        return get_document_read(session, run_id)
 
 
 @router.get(
@@ -332,7 +380,7 @@ def get_rollouts(
 
 @router.get(
     # Any text: an id synth-ai logged may hold '/' (see correlation.lookup_forms).
-    "/correlations/{cid:run_id}",
+    CORRELATION_PATH.removeprefix("/v1"),
     response_model=CorrelationRuns,
     summary="Every run whose canonical or per-trajectory correlation id is `cid`.",
     description=(
@@ -343,7 +391,27 @@ def get_rollouts(
     ),
     responses=error_responses(401, 404),
 )
-def get_correlation(cid: str, session: ReadSessionDep) -> dict[str, Any]:
-    """Look runs up by correlation id."""
-    matched, runs = runs_by_correlation(session, cid)
-    return {"correlation_id": cid, "matched_correlation_id": matched, "runs": runs}
+async def get_correlation(cid: str, state: StateDep) -> Response:
+    """Look runs up by correlation id (documents the route; `CorrelationRoute` serves it)."""
+    return await correlation_answer(cid, state)
+
+
+async def correlation_answer(cid: str, state: AppState) -> Response:
+    """The runs of correlation id `cid`: the answer of GET /v1/correlations/{cid}."""
+    lane = state.lanes.reads
+    # The look-up and its answer's JSON in one hop to a lane thread: a sync route would
+    # hop twice (the endpoint, then FastAPI's validation of its answer), each costing
+    # more CPU than the look-up's own Python (bench/README.md item 17).
+    body = await lane.run(_correlation_answer, lane.session_engine, cid)
+    return Response(body, media_type="application/json")
+
+
+_CORRELATION_RUNS = TypeAdapter(CorrelationRuns)
+
+
+def _correlation_answer(engine: Engine, cid: str) -> bytes:
+    with read_session(engine) as session:
+        matched, runs = runs_by_correlation(session, cid)
+    answer = {"correlation_id": cid, "matched_correlation_id": matched, "runs": runs}
+    # Validated as the response model would be: the answer keeps its documented shape.
+    return _CORRELATION_RUNS.dump_json(_CORRELATION_RUNS.validate_python(answer))

@@ -1,6 +1,6 @@
-"""POST /v1/rollouts is served by IngestRoute (reached through IngestShortcut), below
-FastAPI's dependency machinery (issue 19): it answers every kind of request exactly as the
-documented FastAPI route does."""
+"""POST /v1/rollouts and GET /v1/correlations/{cid} are served by lean routes (reached
+through LeanShortcut), below FastAPI's dependency machinery (issue 19): they answer every
+kind of request exactly as the documented FastAPI routes do."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tests.conftest import Database, LiveServer, minimal_rollout
-from tracestore.api.routes.rollouts import IngestRoute, IngestShortcut
+from tracestore.api.routes.rollouts import CorrelationRoute, IngestRoute, LeanRoute, LeanShortcut
 from tracestore.settings import Settings
 
 KEY = "k-ingest-route"
@@ -25,18 +25,21 @@ KEY = "k-ingest-route"
 def servers(
     request: pytest.FixtureRequest, database: Database, engine: Engine
 ) -> Iterator[tuple[httpx.Client, httpx.Client, bool]]:
-    """(lean, documented, keyed): two servers over one store, with and without IngestRoute."""
+    """(lean, documented, keyed): two servers over one store, with and without the lean
+    routes."""
     keyed = request.param == "keyed"
     settings = Settings(database_url=database.url, api_keys=[f"ci:{KEY}"] if keyed else [])
     lean, documented = LiveServer(settings), LiveServer(settings)
     app = documented.server.config.app
     assert isinstance(app, FastAPI)
     routes = app.router.routes
-    assert isinstance(routes[0], IngestRoute)  # installed first, ahead of every route
+    # Installed first, ahead of every route.
+    assert [type(r) for r in routes[:2]] == [IngestRoute, CorrelationRoute]
     innermost: object = app.user_middleware[-1].cls
-    assert innermost is IngestShortcut
-    # The FastAPI route answers instead (the stack is built at the first request).
-    routes.pop(0)
+    assert innermost is LeanShortcut
+    # The FastAPI routes answer instead (the stack is built at the first request).
+    del routes[:2]
+    assert not [r for r in routes if isinstance(r, LeanRoute)]
     app.user_middleware.pop()
     headers = {"X-API-Key": KEY} if keyed else {}
     with (
@@ -124,4 +127,63 @@ def test_its_requests_are_counted_under_the_route_template(
     metrics = lean.get("/metrics").text
     assert 'route="/v1/rollouts",status="201"' in metrics
     assert 'route="/v1/rollouts",status="400"' in metrics
+    assert 'route="unmatched"' not in metrics
+
+
+# --- GET /v1/correlations/{cid} --------------------------------------------------------
+
+
+def _look_ups() -> list[tuple[str, str, str]]:
+    """(name, method, path) of every kind of look-up request."""
+    return [
+        ("found", "GET", "/v1/correlations/corr-shared"),
+        ("found by a trajectory's cid", "GET", "/v1/correlations/corr-traj"),
+        ("named before a slash", "GET", "/v1/correlations/corr-shared%2Fv1%2Fchat%2Fcompletions"),
+        ("absent", "GET", "/v1/correlations/corr-absent"),
+        ("line break", "GET", "/v1/correlations/corr%0Ashared"),
+        ("no cid", "GET", "/v1/correlations/"),
+        ("query", "GET", "/v1/correlations/corr-shared?limit=1"),
+        ("HEAD", "HEAD", "/v1/correlations/corr-shared"),
+        ("POST", "POST", "/v1/correlations/corr-shared"),
+    ]
+
+
+def test_the_correlation_route_answers_as_the_documented_route(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, documented, _keyed = servers
+    trajectory = minimal_rollout("x")["trajectories"][0]
+    trajectory["trace_correlation_id"] = "corr-traj"
+    for doc in (
+        minimal_rollout("corr-1", trace_correlation_id="corr-shared"),
+        minimal_rollout("corr-2", trace_correlation_id="corr-shared", trajectories=[trajectory]),
+    ):
+        assert lean.post("/v1/rollouts", content=orjson.dumps(doc)).status_code == 201
+    statuses = set()
+    for name, method, path in _look_ups():
+        a, b = lean.request(method, path), documented.request(method, path)
+        assert (a.status_code, a.content) == (b.status_code, b.content), name
+        assert a.headers.get("content-type") == b.headers.get("content-type"), name
+        assert a.headers.get("allow") == b.headers.get("allow"), name
+        statuses.add(a.status_code)
+    assert statuses == {200, 404, 405, 422}
+    found = lean.get("/v1/correlations/corr-shared%2Fv1%2Fchat%2Fcompletions").json()
+    assert found["matched_correlation_id"] == "corr-shared"
+    assert [r["run_id"] for r in found["runs"]] == ["corr-2", "corr-1"]
+
+
+def test_look_ups_check_keys_and_are_counted_under_the_route_template(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, documented, keyed = servers
+    for client in (lean, documented):
+        answer = client.get("/v1/correlations/corr-absent", headers={"X-API-Key": "wrong"})
+        if keyed:
+            assert answer.status_code == 401, answer.text
+            assert answer.json()["error"]["code"] == "unauthorized"
+        else:
+            assert answer.status_code == 404, answer.text
+    lean.get("/v1/correlations/corr-absent")
+    metrics = lean.get("/metrics").text
+    assert 'route="/v1/correlations/{cid}",status="404"' in metrics
     assert 'route="unmatched"' not in metrics
