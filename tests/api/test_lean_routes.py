@@ -1,6 +1,6 @@
-"""POST /v1/rollouts and GET /v1/correlations/{cid} are served by lean routes (reached
-through LeanShortcut), below FastAPI's dependency machinery (issue 19): they answer every
-kind of request exactly as the documented FastAPI routes do."""
+"""POST /v1/rollouts, GET /v1/correlations/{cid} and GET /v1/rollouts/{run_id} are served
+by lean routes (reached through LeanShortcut), below FastAPI's dependency machinery (issue
+19): they answer every kind of request exactly as the documented FastAPI routes do."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tests.conftest import Database, LiveServer, minimal_rollout
-from tracestore.api.routes.rollouts import CorrelationRoute, IngestRoute, LeanRoute, LeanShortcut
+from tracestore.api.app import create_app
+from tracestore.api.routes.rollouts import (
+    CorrelationRoute,
+    IngestRoute,
+    LeanRoute,
+    LeanShortcut,
+    RolloutRoute,
+)
+from tracestore.ingest.parse import RUN_SUBRESOURCES
 from tracestore.settings import Settings
 
 KEY = "k-ingest-route"
@@ -34,11 +42,11 @@ def servers(
     assert isinstance(app, FastAPI)
     routes = app.router.routes
     # Installed first, ahead of every route.
-    assert [type(r) for r in routes[:2]] == [IngestRoute, CorrelationRoute]
+    assert [type(r) for r in routes[:3]] == [IngestRoute, CorrelationRoute, RolloutRoute]
     innermost: object = app.user_middleware[-1].cls
     assert innermost is LeanShortcut
     # The FastAPI routes answer instead (the stack is built at the first request).
-    del routes[:2]
+    del routes[:3]
     assert not [r for r in routes if isinstance(r, LeanRoute)]
     app.user_middleware.pop()
     headers = {"X-API-Key": KEY} if keyed else {}
@@ -187,3 +195,65 @@ def test_look_ups_check_keys_and_are_counted_under_the_route_template(
     metrics = lean.get("/metrics").text
     assert 'route="/v1/correlations/{cid}",status="404"' in metrics
     assert 'route="unmatched"' not in metrics
+
+
+# --- GET /v1/rollouts/{run_id} ---------------------------------------------------------
+
+
+def test_the_rollout_route_answers_as_the_documented_route(
+    servers: tuple[httpx.Client, httpx.Client, bool],
+) -> None:
+    lean, documented, _keyed = servers
+    docs = [minimal_rollout("fetch-1"), minimal_rollout("fetch/2"), minimal_rollout("fetch-3")]
+    docs[2]["trajectories"] = []  # trace only: not a legacy read
+    for doc in docs:
+        assert lean.post("/v1/rollouts", content=orjson.dumps(doc)).status_code == 201
+    cases = [
+        ("found", "GET", "/v1/rollouts/fetch-1"),
+        ("a slash in the id", "GET", "/v1/rollouts/fetch%2F2"),
+        ("trace only", "GET", "/v1/rollouts/fetch-3"),
+        ("absent", "GET", "/v1/rollouts/fetch-absent"),
+        ("line break", "GET", "/v1/rollouts/fetch%0A1"),
+        ("query", "GET", "/v1/rollouts/fetch-1?fields=run_id"),
+        ("HEAD", "HEAD", "/v1/rollouts/fetch-1"),
+        ("POST", "POST", "/v1/rollouts/fetch-1"),
+        ("DELETE absent", "DELETE", "/v1/rollouts/fetch-absent"),
+        ("the list", "GET", "/v1/rollouts?limit=1"),
+        ("batch", "GET", "/v1/rollouts/batch"),
+        *((f"under a run: {s}", "GET", f"/v1/rollouts/fetch-1{s}") for s in RUN_SUBRESOURCES),
+        ("under an absent run", "GET", "/v1/rollouts/fetch-absent/trace"),
+    ]
+    statuses = set()
+    for name, method, path in cases:
+        a, b = lean.request(method, path), documented.request(method, path)
+        assert (a.status_code, a.content) == (b.status_code, b.content), name
+        assert a.headers.get("content-type") == b.headers.get("content-type"), name
+        assert a.headers.get("allow") == b.headers.get("allow"), name
+        statuses.add(a.status_code)
+    assert statuses >= {200, 404, 405, 422}  # keyed, DELETE is 403 (not an admin's key)
+    for doc in docs:
+        path = "/v1/rollouts/" + doc["run_id"].replace("/", "%2F")
+        assert lean.get(path).content == orjson.dumps(doc)
+    # Fetching a run with trajectories is a legacy read (migration phase 3); a trace-only
+    # run's is not.
+    before = _legacy_rollout_reads(lean)
+    lean.get("/v1/rollouts/fetch-3")
+    assert _legacy_rollout_reads(lean) == before
+    lean.get("/v1/rollouts/fetch-1")
+    assert _legacy_rollout_reads(lean) == before + 1
+    assert 'route="/v1/rollouts/{run_id}",status="200"' in lean.get("/metrics").text
+
+
+def _legacy_rollout_reads(client: httpx.Client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("tracestore_legacy_reads_total{") and 'route="rollout"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_no_path_under_a_run_is_taken_for_a_run_id() -> None:
+    # The run route defers every path ending in a sub-resource to the routes that serve
+    # them: each route under a run must be one of those (and ingest refuses such run_ids).
+    paths = create_app(check_schema=False).openapi()["paths"]
+    under = [p.removeprefix("/v1/rollouts/{run_id}") for p in paths]
+    assert {u for u, p in zip(under, paths, strict=True) if u != p and u} == set(RUN_SUBRESOURCES)

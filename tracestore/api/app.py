@@ -87,9 +87,9 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         redoc_url=None,
     )
     install_error_handlers(app)
-    # POST /v1/rollouts and GET /v1/correlations/{cid} ahead of every route, below
-    # FastAPI's dependency machinery, and their shortcut the innermost middleware: added
-    # first.
+    # POST /v1/rollouts, GET /v1/correlations/{cid} and /v1/rollouts/{run_id} ahead of
+    # every route, below FastAPI's dependency machinery, and their shortcut the innermost
+    # middleware: added first.
     rollouts.install_lean_routes(app)
     limits.install(app, settings)
     app.include_router(service.router)

@@ -44,6 +44,7 @@ from tracestore.api.schemas import (
 )
 from tracestore.errors import EmptyBatch, UnsupportedMediaType
 from tracestore.ingest.group import GroupCommit
+from tracestore.ingest.parse import RUN_SUBRESOURCES
 from tracestore.ingest.service import MAX_BYTES_PER_TRANSACTION, cyclic_gc_paused, ingest_many
 from tracestore.store.rollouts import IngestResult
 from tracestore.store.runs import MAX_LIMIT, get_document_read, list_runs, runs_by_correlation
@@ -204,6 +205,36 @@ class CorrelationRoute(LeanRoute):
         super().__init__(CORRELATION_PATH, _get_correlation_lean, "GET")
 
 
+async def _get_rollout_lean(request: Request) -> Response:
+    state: AppState = request.app.state.tracestore
+    if request.scope.get("query_string"):
+        refuse_undeclared_query(request, request.scope["route"].path_format, frozenset())
+    check_key(request, state.settings)
+    return await rollout_answer(request, request.path_params["run_id"], state)
+
+
+class RolloutRoute(LeanRoute):
+    """`GET /v1/rollouts/{run_id}`: a trainer's fetch of one rollout. `get_rollout`
+    documents it.
+
+    A path under a run (`/trace`, `/trajectories`, `/drift`) is not this route's: ingest
+    refuses run_ids ending so (ingest/parse.py), and the routes of those paths come first
+    in the routing table, so the path is left to them."""
+
+    def __init__(self) -> None:
+        super().__init__("/v1" + RUN_PATH, _get_rollout_lean, "GET")
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        """As LeanRoute's, but no match for a path under a run."""
+        match, child = super().matches(scope)
+        if match is not Match.NONE:
+            # removesuffix: a route's `$` also matches before one final newline.
+            run_id: str = child["path_params"]["run_id"]
+            if run_id.removesuffix("\n").endswith(RUN_SUBRESOURCES):
+                return Match.NONE, {}
+        return match, child
+
+
 class LeanShortcut:
     """ASGI middleware, the innermost: a request for a lean route goes straight to it.
 
@@ -260,7 +291,7 @@ class LeanShortcut:
 def install_lean_routes(app: FastAPI) -> None:
     """Put the lean routes ahead of every other route of `app`, and the shortcut to them
     innermost among its middleware (call before adding any other middleware)."""
-    routes: list[LeanRoute] = [IngestRoute(), CorrelationRoute()]
+    routes: list[LeanRoute] = [IngestRoute(), CorrelationRoute(), RolloutRoute()]
     app.router.routes[:0] = routes
     app.add_middleware(LeanShortcut, owner=app, routes=routes)
 
@@ -347,7 +378,12 @@ async def post_batch(request: Request, state: StateDep) -> JSONBody:
     response_class=Response,
 )
 async def get_rollout(run_id: RunIdPath, request: Request, state: StateDep) -> Response:
-    """Return a stored rollout."""
+    """Return a stored rollout (documents the route; `RolloutRoute` serves it)."""
+    return await rollout_answer(request, run_id, state)
+
+
+async def rollout_answer(request: Request, run_id: str, state: AppState) -> Response:
+    """The rollout `run_id` as received: the answer of GET /v1/rollouts/{run_id}."""
     lane = state.lanes.reads
     # One hop to a lane thread for the whole read (session, statement, its end).
     body, legacy = await lane.run(_document_read, lane.session_engine, run_id)
