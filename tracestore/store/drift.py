@@ -163,11 +163,18 @@ def drift_kinds_for(session: Session, run_pks: Sequence[int]) -> dict[int, list[
     """The distinct finding kinds of each run (in DRIFT_KINDS order); runs without: absent."""
     if not run_pks:
         return {}
-    order: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
+    return kinds_by_run(session.connection().execute(_KINDS_OF_RUNS, {"pks": list(run_pks)}))
+
+
+_KIND_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
+
+
+def kinds_by_run(pairs: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
+    """The distinct kinds of each run among `(run_pk, kind)` pairs, in DRIFT_KINDS order."""
     found: dict[int, set[str]] = {}
-    for run_pk, kind in session.connection().execute(_KINDS_OF_RUNS, {"pks": list(run_pks)}):
+    for run_pk, kind in pairs:
         found.setdefault(run_pk, set()).add(kind)
     return {
-        pk: sorted(kinds, key=lambda k: (order.get(k, len(order)), k))
+        pk: sorted(kinds, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
         for pk, kinds in found.items()
     }

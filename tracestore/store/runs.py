@@ -27,8 +27,7 @@ from tracestore.errors import InvalidRequest, NotFound
 from tracestore.models import Run, RunDocument, Trajectory
 from tracestore.models.drift import DriftFinding
 from tracestore.store.documents import decompress_document, load_document
-from tracestore.store.drift import drift_kinds_for, has_drift_clause
-from tracestore.vocabulary import DRIFT_KINDS
+from tracestore.store.drift import drift_kinds_for, has_drift_clause, kinds_by_run
 
 MAX_LIMIT = 1000
 # Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
@@ -321,7 +320,6 @@ def _cid_lookup(n_forms: int) -> Any:
 # lookup_forms gives one id, or two (the id and the one it names before a '/'): built
 # once; any other count when first asked for.
 _BY_CID_FORMS = {n: _cid_lookup(n) for n in (1, 2)}
-_KIND_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(DRIFT_KINDS)}
 
 
 def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str, Any]]]:
@@ -348,14 +346,7 @@ def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str,
             # The other parts hold the runs of every form: keep this form's.
             pks = {r.id for r in runs}
             ids = [(r.id, r.env_id, r.policy_id) for r in rows if r.part == 1 and r.id in pks]
-            found: dict[int, set[str]] = {}
-            for r in rows:
-                if r.part == 2 and r.id in pks:
-                    found.setdefault(r.id, set()).add(r.kind)
-            kinds = {  # in DRIFT_KINDS order, as drift_kinds_for gives them
-                pk: sorted(ks, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
-                for pk, ks in found.items()
-            }
+            kinds = kinds_by_run((r.id, r.kind) for r in rows if r.part == 2 and r.id in pks)
             return form, _summaries_of(runs, ids, kinds)
     raise NotFound(f"no rollout has correlation id {cid!r}", correlation_id=cid)
 

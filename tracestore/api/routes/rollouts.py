@@ -143,12 +143,21 @@ async def ingest_one(request: Request, state: AppState) -> JSONBody:
     return JSONBody(result.to_json(), status_code=_result_status(result))
 
 
-async def _post_rollout_lean(request: Request) -> Response:
-    state: AppState = request.app.state.tracestore
-    if request.scope.get("query_string"):
-        refuse_undeclared_query(request, INGEST_PATH, frozenset())
-    check_key(request, state.settings)
-    return await ingest_one(request, state)
+def _lean(
+    answer: Callable[[Request, AppState], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of a lean route: what the FastAPI route's dependencies do (refuse query
+    parameters, none being declared; check the API key), then `answer`."""
+
+    async def endpoint(request: Request) -> Response:
+        state: AppState = request.app.state.tracestore
+        if request.scope.get("query_string"):
+            # Named as FastAPI's query check names it: the path without its convertor.
+            refuse_undeclared_query(request, request.scope["route"].path_format, frozenset())
+        check_key(request, state.settings)
+        return await answer(request, state)
+
+    return endpoint
 
 
 class LeanRoute(Route):
@@ -161,8 +170,10 @@ class LeanRoute(Route):
     one is not installed; tests/api/test_lean_routes.py runs the two side by side.
     """
 
-    def __init__(self, path: str, endpoint: Callable[[Request], Awaitable[Response]], method: str):
-        super().__init__(path, endpoint, methods=[method], include_in_schema=False)
+    def __init__(
+        self, path: str, answer: Callable[[Request, AppState], Awaitable[Response]], method: str
+    ):
+        super().__init__(path, _lean(answer), methods=[method], include_in_schema=False)
         # Only `method`: Starlette adds HEAD to a GET route, FastAPI's GET routes refuse it.
         self.methods = {method}
 
@@ -181,19 +192,10 @@ class IngestRoute(LeanRoute):
     item 14). `post_rollout` documents it."""
 
     def __init__(self) -> None:
-        super().__init__(INGEST_PATH, _post_rollout_lean, "POST")
+        super().__init__(INGEST_PATH, ingest_one, "POST")
 
 
 CORRELATION_PATH = "/v1/correlations/{cid:run_id}"
-
-
-async def _get_correlation_lean(request: Request) -> Response:
-    state: AppState = request.app.state.tracestore
-    if request.scope.get("query_string"):
-        # Named as FastAPI's query check names it: the path without its convertor.
-        refuse_undeclared_query(request, request.scope["route"].path_format, frozenset())
-    check_key(request, state.settings)
-    return await correlation_answer(request.path_params["cid"], state)
 
 
 class CorrelationRoute(LeanRoute):
@@ -202,15 +204,11 @@ class CorrelationRoute(LeanRoute):
     `get_correlation` documents it."""
 
     def __init__(self) -> None:
-        super().__init__(CORRELATION_PATH, _get_correlation_lean, "GET")
-
-
-async def _get_rollout_lean(request: Request) -> Response:
-    state: AppState = request.app.state.tracestore
-    if request.scope.get("query_string"):
-        refuse_undeclared_query(request, request.scope["route"].path_format, frozenset())
-    check_key(request, state.settings)
-    return await rollout_answer(request, request.path_params["run_id"], state)
+        super().__init__(
+            CORRELATION_PATH,
+            lambda request, state: correlation_answer(request.path_params["cid"], state),
+            "GET",
+        )
 
 
 class RolloutRoute(LeanRoute):
@@ -222,7 +220,11 @@ class RolloutRoute(LeanRoute):
     in the routing table, so the path is left to them."""
 
     def __init__(self) -> None:
-        super().__init__("/v1" + RUN_PATH, _get_rollout_lean, "GET")
+        super().__init__(
+            "/v1" + RUN_PATH,
+            lambda request, state: rollout_answer(request, request.path_params["run_id"], state),
+            "GET",
+        )
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         """As LeanRoute's, but no match for a path under a run."""
