@@ -115,8 +115,19 @@ def serve(
 ) -> Iterator[tuple[str, int]]:
     """`tracestore serve --workers N` on loopback; yields (base URL, process id)."""
     port = free_port()
+    command = [TRACESTORE, "serve", "--db", url, "--port", str(port), "--workers", str(workers)]
+    with serving([*command, *LOG], port, env, workers) as up:
+        yield up
+
+
+@contextmanager
+def serving(
+    command: Sequence[str], port: int, env: dict[str, str] | None, workers: int
+) -> Iterator[tuple[str, int]]:
+    """Run `command`, a server of `workers` workers on loopback `port` answering /health;
+    yields (base URL, process id) once every worker listens."""
     proc = subprocess.Popen(
-        [TRACESTORE, "serve", "--db", url, "--port", str(port), "--workers", str(workers), *LOG],
+        command,
         env=dict(os.environ, **(env or {})),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -18,6 +18,8 @@ __all__ = ["CONTENT_TYPE", "INGEST_STATUSES", "Metrics"]
 INGEST_STATUSES = ("created", "duplicate", "conflict", "invalid")
 # Request latencies from sub-millisecond reads to multi-second batch ingests.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Group sizes up to TRACESTORE_GROUP_COMMIT_MAX_ROLLOUTS (64 by default).
+GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class Metrics:
@@ -36,6 +38,13 @@ class Metrics:
             "HTTP request latency, by method, route template and status code.",
             ["method", "route", "status"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.group_sizes = Histogram(
+            "tracestore_group_commit_rollouts",
+            "Single posts written in one transaction by a worker's group commit, per group "
+            "(1: each post alone; see TRACESTORE_GROUP_COMMIT_WAIT_MS).",
+            buckets=GROUP_BUCKETS,
             registry=self.registry,
         )
         self.legacy_reads = Counter(

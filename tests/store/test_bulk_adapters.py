@@ -29,7 +29,7 @@ from sqlalchemy import (
     text,
 )
 
-from tracestore.db.bulk import bulk_insert
+from tracestore.db.bulk import bulk_insert, bulk_insert_all
 from tracestore.db.types import NUL_STANDIN, JSONValue, SafeText, UTCDateTime
 from tracestore.store.rollouts import (
     DOCUMENTS,
@@ -143,6 +143,12 @@ def _written(conn: Connection, write: Callable[[Table, list[dict[str, Any]]], ob
     return out
 
 
+# bulk_insert_all's paths on PostgreSQL: every table by COPY; every table in the pipeline
+# of INSERTs; and mixed (tables of more than 50 values by COPY, in their place in the
+# order). SQLite has one path (executemany), run under each name.
+PATHS = {"copy": 0, "pipeline": 10**9, "mixed": 50}
+
+
 def test_bulk_writes_store_what_the_column_types_store(connection: Connection) -> None:
     through_types = _written(connection, lambda t, rows: connection.execute(insert(t), rows))
     through_bulk = _written(connection, lambda t, rows: bulk_insert(connection, t, rows))
@@ -150,6 +156,39 @@ def test_bulk_writes_store_what_the_column_types_store(connection: Connection) -
         stored, read = through_bulk[table.name]
         assert stored == through_types[table.name][0], f"{table.name}: stored differently"
         assert read == through_types[table.name][1], f"{table.name}: reads back differently"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_bulk_path_stores_what_the_column_types_store(
+    connection: Connection, path: str
+) -> None:
+    """All the tables in one bulk_insert_all call, parents first, as write_many calls it."""
+    through_types = _written(connection, lambda t, rows: connection.execute(insert(t), rows))
+    with connection.begin_nested() as savepoint:
+        writes = [(table, _rows(table)) for table in TABLES]
+        if path == "mixed":  # both kinds really are in the call
+            sizes = [len(rows) * len(rows[0]) for _, rows in writes]
+            assert min(sizes) <= PATHS[path] < max(sizes)
+        bulk_insert_all(connection, writes, pipeline_max_values=PATHS[path])
+        through_bulk = {t.name: (_stored(connection, t), _read(connection, t)) for t in TABLES}
+        savepoint.rollback()
+    for table in TABLES:
+        stored, read = through_bulk[table.name]
+        assert stored == through_types[table.name][0], f"{table.name}: stored differently"
+        assert read == through_types[table.name][1], f"{table.name}: reads back differently"
+
+
+def test_a_refused_row_in_the_pipeline_raises_the_drivers_integrity_error(
+    connection: Connection,
+) -> None:
+    """A unique violation among the pipelined INSERTs surfaces as the driver's
+    IntegrityError (store_many's savepoint catches it to decide each rollout alone)."""
+    rows = _rows(RUNS)[:2]
+    rows[1]["run_id"] = rows[0]["run_id"]
+    errors = (connection.dialect.loaded_dbapi.IntegrityError,)
+    with pytest.raises(errors), connection.begin_nested():
+        bulk_insert_all(connection, [(RUNS, rows)], pipeline_max_values=10**9)
+    assert connection.execute(select(RUNS.c.id)).all() == []
 
 
 def _typed(value: Any, nul: str) -> Any:

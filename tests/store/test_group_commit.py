@@ -216,6 +216,15 @@ def test_commit_failure_fails_every_post_of_the_group(engine: Engine, fresh: Eng
     assert _visible(fresh, "c-2") is None
 
 
+def _sample(metrics: str, name: str) -> float:
+    """The value of the Prometheus sample `name` (with its labels) in a /metrics text."""
+    values = [
+        line.rsplit(" ", 1)[1] for line in metrics.splitlines() if line.startswith(name + " ")
+    ]
+    assert len(values) == 1, (name, values)
+    return float(values[0])
+
+
 def test_concurrent_http_posts_each_answered_after_commit(
     database: Database, engine: Engine
 ) -> None:
@@ -236,6 +245,13 @@ def test_concurrent_http_posts_each_answered_after_commit(
             t.start()
         for t in threads:
             t.join()
+        metrics = httpx.get(live.url + "/metrics").text
+    # Every post went through a group (the bad ones too: they fail in its preparation),
+    # and the histogram of group sizes counted each once.
+    groups = _sample(metrics, "tracestore_group_commit_rollouts_count")
+    assert _sample(metrics, "tracestore_group_commit_rollouts_sum") == len(bodies)
+    assert 1 <= groups <= len(bodies)
+    assert _sample(metrics, 'tracestore_group_commit_rollouts_bucket{le="256.0"}') == groups
     check = create_engine(database.url)
     try:
         for index, raw in enumerate(good):

@@ -295,8 +295,11 @@ def reserve_address(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(*, host: str, port: int, workers: int, log_level: str, access_log: bool) -> None:
-    """Serve the API with uvicorn (its supervisor for several workers), as `serve` does."""
+def run_server(
+    *, host: str, port: int, workers: int, log_level: str, access_log: bool, app: str | None = None
+) -> None:
+    """Serve the API with uvicorn (its supervisor for several workers), as `serve` does;
+    `app` names another ASGI app factory to serve the same way (bench/request_floor.py)."""
     options: dict[str, Any] = {
         "factory": True,
         "host": host,
@@ -307,9 +310,9 @@ def run_server(*, host: str, port: int, workers: int, log_level: str, access_log
         **uvicorn_options(),
     }
     if workers == 1:
-        uvicorn.run(APP, **options)
+        uvicorn.run(app or APP, **options)
         return
-    config = Config(APP, **options)
+    config = Config(app or APP, **options)
     try:
         sock = reserve_address(host, port)
     except OSError as exc:

@@ -10,6 +10,13 @@ Primary keys are allocated before the insert, so children can reference parents 
 RETURNING round trip per row: from the table's sequence on PostgreSQL, and on SQLite from
 max(id) + 1, which is safe because writers hold SQLite's single write lock from BEGIN
 IMMEDIATE (`db/engine.py`) until they commit.
+
+On PostgreSQL each COPY is two round trips, and a rollout writes up to ten tables: for a
+group of small rollouts that was most of the write (bench/README.md item 18). So
+`bulk_insert_all` sends the tables with few values as multi-row INSERTs in one pipeline
+(one round trip for all of them), and keeps COPY for a table of many rows, where its
+cheaper per-row encoding wins. The INSERTs' values go as untyped text, which the server
+reads as the column's type, exactly as it reads COPY's text: both paths store the same.
 """
 
 from __future__ import annotations
@@ -18,11 +25,28 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+from psycopg.adapt import Dumper
 from sqlalchemy import Connection, Table, text
 
 from tracestore.db.types import JSONValue, SafeText, UTCDateTime, json_dumps, json_dumps_pg, pg_safe
 
 Adapter = Callable[[Any], Any]
+# A table of at most this many values (rows x columns) goes in the pipeline of INSERTs on
+# PostgreSQL; a larger one by COPY (bench/README.md item 18 measured the crossing).
+PIPELINE_MAX_VALUES = 2000
+
+
+class _Untyped(Dumper):
+    """A number or boolean as untyped text (`unknown`): the server reads it as the
+    column's type, as COPY's text format has it read (psycopg would send an int as
+    int2/int4/int8 or numeric, which a boolean column refuses)."""
+
+    oid = 0
+
+    def dump(self, obj: Any) -> bytes:
+        """The value's text."""
+        return str(obj).encode()
 
 
 def _aware(value: datetime) -> datetime:
@@ -67,6 +91,7 @@ class BulkTable:
         self.dialect = dialect
         self.columns = list(columns)
         self.adapters = [_adapter(table.c[name].type, dialect) for name in self.columns]
+        self._inserts: dict[int, str] = {}  # insert_sql's, by row count
         names = ", ".join(f'"{c}"' for c in self.columns)
         if dialect == "postgresql":
             self.sql = f'COPY "{table.name}" ({names}) FROM STDIN'
@@ -84,6 +109,23 @@ class BulkTable:
         for row in rows:
             yield tuple(row[c] if fn is None else fn(row[c]) for c, fn in pairs)
 
+    def insert_sql(self, n: int) -> str:
+        """A PostgreSQL INSERT of `n` rows of this writer's columns ($1, $2, ...: the
+        server's own placeholders, which psycopg's RawCursor sends without parsing the
+        text for them, a regex pass that cost more than the COPY it replaces)."""
+        found = self._inserts.get(n)
+        if found is not None:
+            return found
+        width = len(self.columns)
+        rows = (
+            "(" + ", ".join(f"${r * width + c + 1}" for c in range(width)) + ")" for r in range(n)
+        )
+        names = ", ".join(f'"{c}"' for c in self.columns)
+        sql = f'INSERT INTO "{self.table.name}" ({names}) VALUES ' + ", ".join(rows)
+        if len(self._inserts) < 256:  # the row counts met most: groups and batch chunks
+            self._inserts[n] = sql
+        return sql
+
     def write(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert `rows` (dicts holding every column of this writer) on `conn`."""
         if not rows:
@@ -100,16 +142,30 @@ class BulkTable:
 
 def allocate_ids(conn: Connection, table: Table, n: int) -> list[int]:
     """`n` fresh primary keys for `table` (see the module docstring for why this is safe)."""
-    if n == 0:
-        return []
+    return allocate_ids_many(conn, [(table, n)])[0]
+
+
+def allocate_ids_many(conn: Connection, wanted: Sequence[tuple[Table, int]]) -> list[list[int]]:
+    """Fresh primary keys for several tables, `n` each: on PostgreSQL in one statement (one
+    round trip), on SQLite from each table's max(id)."""
+    keys: list[list[int]] = [[] for _ in wanted]
+    asked = [(i, table, n) for i, (table, n) in enumerate(wanted) if n > 0]
+    if not asked:
+        return keys
     if conn.dialect.name == "postgresql":
-        rows = conn.execute(
-            text("SELECT nextval(pg_get_serial_sequence(:t, 'id')) FROM generate_series(1, :n)"),
-            {"t": table.name, "n": n},
+        parts = " UNION ALL ".join(
+            f"SELECT {i}, nextval(pg_get_serial_sequence('{table.name}', 'id')) "
+            f"FROM generate_series(1, {n})"
+            for i, table, n in asked
         )
-        return [r[0] for r in rows]
-    start = conn.execute(text(f'SELECT coalesce(max(id), 0) FROM "{table.name}"')).scalar_one()
-    return list(range(start + 1, start + 1 + n))
+        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
+            for i, key in cursor.execute(parts):
+                keys[i].append(key)
+        return keys
+    for i, table, n in asked:
+        start = conn.execute(text(f'SELECT coalesce(max(id), 0) FROM "{table.name}"')).scalar_one()
+        keys[i] = list(range(start + 1, start + 1 + n))
+    return keys
 
 
 _cache: dict[tuple[str, str, tuple[str, ...]], BulkTable] = {}
@@ -128,3 +184,44 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
     """Insert rows that all have the same keys (the columns written)."""
     if rows:
         writer(table, conn.dialect.name, list(rows[0])).write(conn, rows)
+
+
+def bulk_insert_all(
+    conn: Connection,
+    writes: Sequence[tuple[Table, Sequence[dict[str, Any]]]],
+    pipeline_max_values: int = PIPELINE_MAX_VALUES,
+) -> None:
+    """Insert each table's rows (each table's rows with the same keys), in the order given
+    (parents first: foreign keys are checked row by row). On PostgreSQL, a table of at most
+    `pipeline_max_values` values goes with the other small ones in one pipeline of INSERTs;
+    a larger one by COPY, in its place in the order."""
+    dialect = conn.dialect.name
+    todo = [(writer(table, dialect, list(rows[0])), rows) for table, rows in writes if rows]
+    if dialect != "postgresql":
+        for bulk, rows in todo:
+            bulk.write(conn, rows)
+        return
+    small: list[tuple[BulkTable, Sequence[dict[str, Any]]]] = []
+    for bulk, rows in todo:
+        if len(rows) * len(bulk.columns) <= pipeline_max_values:
+            small.append((bulk, rows))
+            continue
+        _pipelined(conn, small)  # what comes before it, first
+        small = []
+        bulk.write(conn, rows)
+    _pipelined(conn, small)
+
+
+def _pipelined(
+    conn: Connection, writes: Sequence[tuple[BulkTable, Sequence[dict[str, Any]]]]
+) -> None:
+    """Multi-row INSERTs of `writes`, in order, in one psycopg pipeline: one round trip."""
+    if not writes:
+        return
+    raw: Any = conn.connection.driver_connection
+    with raw.pipeline(), psycopg.RawCursor(raw) as cursor:
+        for kind in (int, float, bool):
+            cursor.adapters.register_dumper(kind, _Untyped)
+        for bulk, rows in writes:
+            values = [value for row in bulk.tuples(rows) for value in row]
+            cursor.execute(bulk.insert_sql(len(rows)), values)

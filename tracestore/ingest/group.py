@@ -136,8 +136,10 @@ class GroupCommit:
         max_items: int,
         max_bytes: int,
         concurrency: int = 1,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.observe = observe  # told each group's size once it is written (metrics)
         self.run = run
         self.wait = wait
         self.max_items = max(1, max_items)
@@ -223,6 +225,8 @@ class GroupCommit:
                 store_group, self.engine, [post.raw for post in group]
             )
             self.stats.record(len(group))
+            if self.observe is not None:
+                self.observe(len(group))
         except BaseException as exc:  # no write slot (DatabaseBusy), or cancelled
             outcomes = [exc] * len(group)
         finally:

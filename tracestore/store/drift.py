@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from tracestore.db.bulk import bulk_insert
+from tracestore.db.bulk import bulk_insert_all
 from tracestore.models import Run
 from tracestore.models.drift import DriftCheck, DriftFinding, LegacyRead
 from tracestore.vocabulary import DRIFT_KINDS
@@ -54,15 +54,22 @@ class DriftRows:
 # --- writes: inside the caller's transaction ----------------------------------------------
 
 
+def drift_writes(
+    items: Sequence[tuple[int, DriftRows]],
+) -> list[tuple[Table, list[dict[str, Any]]]]:
+    """The drift rows of several new runs (run key, rows), by table, for db/bulk.py."""
+    now = datetime.now(UTC)
+    return [
+        (CHECKS, [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items]),
+        (FINDINGS, [dict(f, run_pk=pk) for pk, r in items for f in r.findings]),
+    ]
+
+
 def write_drift_many(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:
     """Insert the drift rows of several new runs (run key, rows) in one statement a table."""
-    if not items:
-        return
-    now = datetime.now(UTC)
     # Straight to the driver (db/bulk.py), as the rollout's own rows: SQLAlchemy's
     # executemany built each row's parameters at ~0.05 ms a run.
-    bulk_insert(conn, CHECKS, [dict(r.check, run_pk=pk, checked_at=now) for pk, r in items])
-    bulk_insert(conn, FINDINGS, [dict(f, run_pk=pk) for pk, r in items for f in r.findings])
+    bulk_insert_all(conn, drift_writes(items))
 
 
 def replace_drift(conn: Connection, items: Sequence[tuple[int, DriftRows]]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Table, bindparam, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from tracestore.db.bulk import allocate_ids, bulk_insert
+from tracestore.db.bulk import allocate_ids, allocate_ids_many, bulk_insert, bulk_insert_all
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.jsontext import loads_exact
 from tracestore.models import (
@@ -32,7 +32,7 @@ from tracestore.models import (
     Trajectory,
 )
 from tracestore.store.documents import DOCUMENT_ENCODING, compress_document, decompress_document
-from tracestore.store.drift import DriftRows, write_drift_many
+from tracestore.store.drift import DriftRows, drift_writes
 from tracestore.wire.datetimes import with_instants
 
 Status = Literal["created", "duplicate", "conflict", "invalid"]
@@ -302,13 +302,17 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
     Keys are allocated up front for the whole set, so a table is written once per batch
     instead of once per rollout (on PostgreSQL each write is a round trip).
     """
-    run_pks = allocate_ids(conn, RUNS, len(items))
-    seqs = _ingest_seqs(conn, len(items))
-    traj_pks = iter(allocate_ids(conn, TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)))
-    trace_pks = iter(allocate_ids(conn, TRACES, sum(len(p.rows.traces) for p in items)))
-    ts_pks = iter(
-        allocate_ids(conn, TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces))
+    run_pks, traj_keys, trace_keys, ts_keys = allocate_ids_many(
+        conn,
+        [
+            (RUNS, len(items)),
+            (TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)),
+            (TRACES, sum(len(p.rows.traces) for p in items)),
+            (TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces)),
+        ],
     )
+    seqs = _ingest_seqs(conn, len(items))
+    traj_pks, trace_pks, ts_pks = iter(traj_keys), iter(trace_keys), iter(ts_keys)
     out: dict[Table, list[dict[str, Any]]] = {
         t: [] for t in (RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES)
     }
@@ -339,10 +343,10 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
             trace_pk = next(trace_pks)
             out[TRACES].append(dict(trace.trace, id=trace_pk, run_pk=run_pk, **_RECEIVED))
             _trace_children(out, trace, trace_pk, run_pk, ts_pks)
-    # Parents before children: the foreign keys are checked row by row.
-    for table, table_rows in out.items():
-        bulk_insert(conn, table, table_rows)
-    write_drift_many(conn, [(pk, p.drift) for pk, p in zip(run_pks, items, strict=True)])
+    # Parents before children: the foreign keys are checked row by row. The drift rows
+    # with them: on PostgreSQL the small tables go in one round trip (db/bulk.py).
+    drift = drift_writes([(pk, p.drift) for pk, p in zip(run_pks, items, strict=True)])
+    bulk_insert_all(conn, [*out.items(), *drift])
 
 
 def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult]:

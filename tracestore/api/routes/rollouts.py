@@ -76,6 +76,7 @@ def group_commit(request: Request, state: AppState) -> GroupCommit:
             # side made smaller groups and cost more CPU per post than they overlapped
             # (bench/README.md item 13).
             concurrency=1,
+            observe=state.observability.metrics.group_sizes.observe,
         )
         setattr(request.app.state, _GROUP, group)
     return group
