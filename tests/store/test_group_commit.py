@@ -121,6 +121,26 @@ def test_one_group_each_alone(engine: Engine, fresh: Engine) -> None:
     assert _visible(fresh, "twice") == posts["twice-a"]
 
 
+def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> None:
+    """The group's rollouts share the fast path's one savepoint: none around the whole
+    group (each costs two round trips on PostgreSQL), none per rollout."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        outcomes = store_group(engine, [_raw(f"one-{i}") for i in range(3)])
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert [o.status for o in outcomes if isinstance(o, IngestResult)] == ["created"] * 3
+    assert len([s for s in statements if s.startswith("SAVEPOINT")]) == 1
+    assert all(_visible(fresh, f"one-{i}") is not None for i in range(3))
+
+
 def test_a_lone_post_waits_for_nobody(engine: Engine, fresh: Engine) -> None:
     recorder = Recorder()
 

@@ -38,7 +38,7 @@ from sqlalchemy import Connection, Engine
 
 from tracestore.db.uow import write_connection
 from tracestore.ingest.service import cyclic_gc_paused, prepare
-from tracestore.store.rollouts import IngestResult, Prepared, store_many
+from tracestore.store.rollouts import IngestResult, Prepared, store_each, store_many
 
 # What a group's write gives back for each of its posts: its result, or its error.
 Outcome = IngestResult | BaseException
@@ -52,26 +52,14 @@ Runner = Callable[
 def _store_isolated(conn: Connection, prepared: Sequence[Prepared]) -> list[Outcome]:
     """Store `prepared` in the caller's transaction, each standing or falling alone.
 
-    The batch route's path first (`store_many`: one look-up, one write per table, in one
-    savepoint; a run_id taken meanwhile sends those rollouts alone). If that fails on
-    anything else (a rollout whose rows the database refuses), it is undone and each
-    rollout is stored in a savepoint of its own: the one that fails gets its error.
+    The batch route's path first (one look-up, one write per table, in one savepoint; a
+    run_id taken meanwhile sends those rollouts alone); if that fails on anything else (a
+    rollout whose rows the database refuses), each rollout is stored in a savepoint of
+    its own: the one that fails gets its error (`store_each`).
     """
     if len(prepared) == 1:  # alone: its error is the transaction's, no savepoint needed
         return list(store_many(conn, prepared))
-    try:
-        with conn.begin_nested():
-            return list(store_many(conn, prepared))
-    except Exception:
-        pass
-    out: list[Outcome] = []
-    for item in prepared:
-        try:
-            with conn.begin_nested():
-                out.append(store_many(conn, [item])[0])
-        except Exception as exc:
-            out.append(exc)
-    return out
+    return list(store_each(conn, prepared))
 
 
 def store_group(engine: Engine, raws: list[bytes]) -> list[Outcome]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sqlalchemy import Connection, Table, bindparam, insert, select, text
 from sqlalchemy.exc import IntegrityError
@@ -356,8 +356,25 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     (write_many) in one savepoint. If that fails on a constraint (another transaction
     stored one of the run_ids meanwhile), the savepoint is undone and each rollout goes
     through store_one, in a savepoint of its own. A run_id twice in one chunk: the
-    later ones also take that path, so they see the first one's row.
+    later ones also take that path, so they see the first one's row. Any other error
+    is raised (the caller's transaction holds what was written before it).
     """
+    # Not isolating, every error is raised: the outcomes are all results.
+    return cast("list[IngestResult]", _store_many(conn, chunk, isolate=False))
+
+
+def store_each(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult | Exception]:
+    """As store_many, but whatever fails is one rollout's own: when the fast path fails
+    for any reason, each rollout is stored alone in a savepoint of its own, and one whose
+    write fails gets its error as its outcome while the others are stored. What group
+    commit needs (ingest/group.py), without a savepoint around the whole chunk (two round
+    trips per group on PostgreSQL)."""
+    return _store_many(conn, chunk, isolate=True)
+
+
+def _store_many(
+    conn: Connection, chunk: Sequence[Prepared], *, isolate: bool
+) -> list[IngestResult | Exception]:
     ids = [p.doc["run_id"] for p in chunk]
     found = {r.run_id: r for r in conn.execute(_FIND_RUNS, {"run_ids": ids})}
     results: list[IngestResult | None] = [None] * len(chunk)
@@ -373,7 +390,25 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
                 write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
         except _integrity_errors(conn):
             pass  # undone: the slow path below decides each one
+        except Exception:
+            if not isolate:
+                raise
+            # Undone (the savepoint), and nothing else was written: each one alone below.
         else:
             for i in fresh.values():
                 results[i] = _created(chunk[i])
-    return [r if r is not None else store_one(conn, p) for r, p in zip(results, chunk, strict=True)]
+    out: list[IngestResult | Exception] = []
+    for result, prepared in zip(results, chunk, strict=True):
+        if result is not None:
+            out.append(result)
+        elif not isolate:
+            out.append(store_one(conn, prepared))
+        else:
+            try:
+                # Its own savepoint around store_one's: a failing read (not only a write)
+                # leaves the transaction usable for the others.
+                with conn.begin_nested():
+                    out.append(store_one(conn, prepared))
+            except Exception as exc:
+                out.append(exc)
+    return out
