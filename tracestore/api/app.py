@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -47,8 +48,14 @@ def _use_error_shape_for_validation(schema: dict[str, Any]) -> None:
         components.pop(name, None)
 
 
-def create_app(settings: Settings | None = None, *, check_schema: bool = True) -> FastAPI:
-    """Build the API over the store named by `settings` (read from the environment if None)."""
+def create_app(
+    settings: Settings | None = None, *, check_schema: bool = True, freeze_heap: bool = False
+) -> FastAPI:
+    """Build the API over the store named by `settings` (read from the environment if None).
+
+    `freeze_heap`: once started, move every object alive to the collector's permanent
+    generation (`gc.freeze`), as `tracestore serve` does (api/server.py `served_app`).
+    """
     settings = settings or Settings()
     # Counted from the first request on; the lifespan hands it to the AppState.
     observability = Observability()
@@ -66,6 +73,13 @@ def create_app(settings: Settings | None = None, *, check_schema: bool = True) -
         )
         # The retention sweep on a schedule, when TRACESTORE_RETENTION_INTERVAL is set.
         sweeper = retention_schedule.start(engine, settings)
+        if freeze_heap:
+            # A full collection walks every object alive: in a started worker (modules,
+            # SQLAlchemy's and pydantic's structures) one took ~90 ms, on the event loop,
+            # and collections were 17% of a worker's CPU under single posts (bench/README
+            # item 18). What is alive now lives as long as the process: out of their way.
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import orjson
 import uvicorn
+from fastapi import FastAPI
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
@@ -325,7 +326,15 @@ def run_server(
         sock.close()
 
 
-APP = "tracestore.api.app:create_app"
+APP = "tracestore.api.server:served_app"
+
+
+def served_app() -> FastAPI:
+    """The app as `tracestore serve` runs it in each worker: settings from the environment,
+    its heap frozen once started (`create_app`'s `freeze_heap`)."""
+    from tracestore.api.app import create_app  # in the worker, not in the supervisor
+
+    return create_app(freeze_heap=True)
 
 
 def uvicorn_options() -> dict[str, Any]:
@@ -341,4 +350,10 @@ def uvicorn_options() -> dict[str, Any]:
     }
 
 
-__all__ = ["GuardedHttpToolsProtocol", "reserve_address", "run_server", "uvicorn_options"]
+__all__ = [
+    "GuardedHttpToolsProtocol",
+    "reserve_address",
+    "run_server",
+    "served_app",
+    "uvicorn_options",
+]
