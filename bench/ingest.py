@@ -279,3 +279,31 @@ def run(
     for r in results.values():
         r["ratio_to_floor"] = floor_s / r["seconds"]
     return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m bench.ingest [--db sqlite|postgresql] [--corpus multi|single]
+    [--rollouts 200] [--repeats 3]`: the floor and the in-process figures alone."""
+    import argparse
+
+    from bench.corpus import corpus
+
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=main.__doc__)
+    parser.add_argument("--db", choices=["sqlite", "postgresql"], action="append")
+    parser.add_argument("--corpus", choices=["multi", "single"], default="multi")
+    parser.add_argument("--rollouts", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    docs = corpus(args.corpus, args.rollouts)
+    steps = sum(len(t["steps"]) for d in docs for t in orjson.loads(d)["trajectories"])
+    for backend in args.db or ["sqlite", "postgresql"]:
+        for name, r in run(backend, docs, steps, [], repeats=args.repeats).items():
+            rounds = ", ".join(f"{s:.3f}" for s in r["rounds_seconds"])
+            print(
+                f"{backend} {args.corpus} {name:<18} {r['rollouts_per_s']:8.1f} rollouts/s "
+                f"{r['ratio_to_floor']:.2f}x floor (rounds {rounds} s)"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -189,12 +189,14 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
 def bulk_insert_all(
     conn: Connection,
     writes: Sequence[tuple[Table, Sequence[dict[str, Any]]]],
-    pipeline_max_values: int = PIPELINE_MAX_VALUES,
+    pipeline_max_values: int | None = None,
 ) -> None:
     """Insert each table's rows (each table's rows with the same keys), in the order given
     (parents first: foreign keys are checked row by row). On PostgreSQL, a table of at most
     `pipeline_max_values` values goes with the other small ones in one pipeline of INSERTs;
-    a larger one by COPY, in its place in the order."""
+    a larger one by COPY, in its place in the order (None: PIPELINE_MAX_VALUES)."""
+    if pipeline_max_values is None:
+        pipeline_max_values = PIPELINE_MAX_VALUES
     dialect = conn.dialect.name
     todo = [(writer(table, dialect, list(rows[0])), rows) for table, rows in writes if rows]
     if dialect != "postgresql":
