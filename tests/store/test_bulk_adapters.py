@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from tracestore.db.bulk import bulk_insert, bulk_insert_all
 from tracestore.db.types import NUL_STANDIN, JSONValue, SafeText, UTCDateTime
+from tracestore.store.drift import CHECKS, FINDINGS
 from tracestore.store.rollouts import (
     DOCUMENTS,
     EVENTS,
@@ -42,8 +43,19 @@ from tracestore.store.rollouts import (
     TRAJECTORIES,
 )
 
-# Parents first, as write_many writes them.
-TABLES = [RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES]
+# Parents first, as write_many writes them (the drift rows with them).
+TABLES = [
+    RUNS,
+    DOCUMENTS,
+    TRAJECTORIES,
+    STEPS,
+    TRACES,
+    TIME_STEPS,
+    EVENTS,
+    MESSAGES,
+    CHECKS,
+    FINDINGS,
+]
 ROWS = 5
 INT64 = (2**63 - 1, -(2**63))
 PAST_64_BITS = 2**70  # orjson cannot write it: the stdlib's JSON does

@@ -122,7 +122,7 @@ class BulkTable:
         )
         names = ", ".join(f'"{c}"' for c in self.columns)
         sql = f'INSERT INTO "{self.table.name}" ({names}) VALUES ' + ", ".join(rows)
-        if len(self._inserts) < 256:  # the row counts met most: groups and batch chunks
+        if len(self._inserts) < 256:  # the first row counts met: groups and batch chunks
             self._inserts[n] = sql
         return sql
 
@@ -153,14 +153,18 @@ def allocate_ids_many(conn: Connection, wanted: Sequence[tuple[Table, int]]) -> 
     if not asked:
         return keys
     if conn.dialect.name == "postgresql":
+        # The counts as parameters: one statement text per set of tables, not per count
+        # (psycopg prepares a text it meets often, in a cache of 100 per connection).
         parts = " UNION ALL ".join(
             f"SELECT {i}, nextval(pg_get_serial_sequence('{table.name}', 'id')) "
-            f"FROM generate_series(1, {n})"
-            for i, table, n in asked
+            f"FROM generate_series(1, %(n{i})s)"
+            for i, table, _n in asked
         )
-        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-            for i, key in cursor.execute(parts):
-                keys[i].append(key)
+        # Through SQLAlchemy: its errors (a lost connection, a timeout) are the ones the
+        # API answers (api/errors.py).
+        rows = conn.exec_driver_sql(parts, {f"n{i}": n for i, _table, n in asked})
+        for i, key in rows:
+            keys[i].append(key)
         return keys
     for i, table, n in asked:
         start = conn.execute(text(f'SELECT coalesce(max(id), 0) FROM "{table.name}"')).scalar_one()
@@ -204,6 +208,8 @@ def bulk_insert_all(
             bulk.write(conn, rows)
         return
     small: list[tuple[BulkTable, Sequence[dict[str, Any]]]] = []
+    # PostgreSQL binds at most 65,535 parameters to one statement.
+    pipeline_max_values = min(pipeline_max_values, 65_535)
     for bulk, rows in todo:
         if len(rows) * len(bulk.columns) <= pipeline_max_values:
             small.append((bulk, rows))
@@ -226,4 +232,6 @@ def _pipelined(
             cursor.adapters.register_dumper(kind, _Untyped)
         for bulk, rows in writes:
             values = [value for row in bulk.tuples(rows) for value in row]
-            cursor.execute(bulk.insert_sql(len(rows)), values)
+            # Not prepared: one text per table and row count, which would crowd the
+            # connection's cache of prepared statements (100) out of the look-ups'.
+            cursor.execute(bulk.insert_sql(len(rows)), values, prepare=False)

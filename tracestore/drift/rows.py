@@ -3,7 +3,8 @@
 `drift_rows(doc)` runs the comparison (docs/FORMAT.md §6) and the phase-1 reproduction
 check (the trace alone, converted by `trace_to_trajectories`, gives back the stored steps'
 obs, reward, done, truncated and normalized tool calls), so writing them inside the
-rollouts' transaction (`store.drift.write_drift_many`) is two executemany inserts.
+rollouts' transaction (with the rollout's rows: `store.rollouts.write_many`) is two bulk
+inserts.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ that reach one worker together are stored together, as the batch route stores a 
   being written) is written at once: it waits for nobody;
 - posts that come while `concurrency` groups are being written form the next group,
   written when one of those ends;
-- each rollout is stored in a savepoint of its own inside the group's transaction (the
-  batch route's `store_many`; after any database error in the shared write, each one
-  again alone), so a bad or conflicting rollout fails alone and the others commit;
+- the group's rollouts are written together in one savepoint inside the group's
+  transaction (the batch route's path, `store_each`); when that fails for any reason,
+  each one is stored again alone in a savepoint of its own, so a bad or conflicting
+  rollout fails alone and the others commit;
 - every post is answered only after its group's transaction committed: acknowledged
   still means durable. When the commit fails, every post of the group gets the error.
 
@@ -212,11 +213,10 @@ class GroupCommit:
             outcomes: Sequence[Outcome] = await self.run(
                 store_group, self.engine, [post.raw for post in group]
             )
-            self.stats.record(len(group))
-            if self.observe is not None:
-                self.observe(len(group))
+            written = True
         except BaseException as exc:  # no write slot (DatabaseBusy), or cancelled
             outcomes = [exc] * len(group)
+            written = False
         finally:
             self._writing -= 1
         for post, outcome in zip(group, outcomes, strict=True):
@@ -227,6 +227,10 @@ class GroupCommit:
             else:
                 post.answer.set_result(outcome)
         self._kick()
+        if written:  # counted once its posts are answered and the next group is started
+            self.stats.record(len(group))
+            if self.observe is not None:
+                self.observe(len(group))
         stopped = next((o for o in outcomes if not isinstance(o, IngestResult | Exception)), None)
         if stopped is not None:
             raise stopped  # cancelled (shutdown): its posts are told, then the task ends so

@@ -300,7 +300,8 @@ def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetim
     """Insert every row of several new rollouts: one bulk write per table for all of them.
 
     Keys are allocated up front for the whole set, so a table is written once per batch
-    instead of once per rollout (on PostgreSQL each write is a round trip).
+    instead of once per rollout (on PostgreSQL, where the small tables share one round
+    trip: db/bulk.py).
     """
     run_pks, traj_keys, trace_keys, ts_keys = allocate_ids_many(
         conn,
@@ -381,7 +382,11 @@ def _store_many(
     fresh: dict[str, int] = {}
     for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
         if run_id in found:
-            results[i] = _answer_existing(conn, prepared, found[run_id])
+            if not isolate:
+                results[i] = _answer_existing(conn, prepared, found[run_id])
+            # Isolating, a stored run_id is answered alone below, in a savepoint: reading
+            # and comparing its document may fail (the run deleted meanwhile, say), and
+            # that failure is this rollout's alone.
         elif run_id not in fresh:
             fresh[run_id] = i
     if fresh:
