@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -96,23 +96,6 @@ class _Post:
     answer: asyncio.Future[IngestResult]
 
 
-@dataclass
-class GroupStats:
-    """What the committer did: groups written, rollouts in them, the largest group."""
-
-    groups: int = 0
-    rollouts: int = 0
-    largest: int = 0
-    by_size: dict[int, int] = field(default_factory=dict)
-
-    def record(self, size: int) -> None:
-        """Count a group of `size` posts."""
-        self.groups += 1
-        self.rollouts += size
-        self.largest = max(self.largest, size)
-        self.by_size[size] = self.by_size.get(size, 0) + 1
-
-
 class GroupCommit:
     """The single posts of one worker (one event loop), written in groups (see above)."""
 
@@ -135,7 +118,6 @@ class GroupCommit:
         self.max_bytes = max_bytes
         self.concurrency = max(1, concurrency)
         self.loop = asyncio.get_running_loop()
-        self.stats = GroupStats()
         self._pending: list[_Post] = []
         self._pending_bytes = 0
         self._arriving = 0  # posts whose body is being read
@@ -227,10 +209,9 @@ class GroupCommit:
             else:
                 post.answer.set_result(outcome)
         self._kick()
-        if written:  # counted once its posts are answered and the next group is started
-            self.stats.record(len(group))
-            if self.observe is not None:
-                self.observe(len(group))
+        if written and self.observe is not None:
+            # Counted once its posts are answered and the next group is started.
+            self.observe(len(group))
         stopped = next((o for o in outcomes if not isinstance(o, IngestResult | Exception)), None)
         if stopped is not None:
             raise stopped  # cancelled (shutdown): its posts are told, then the task ends so
@@ -245,4 +226,4 @@ class GroupCommit:
                 await asyncio.sleep(self.wait or 0.001)
 
 
-__all__ = ["GroupCommit", "GroupStats", "Outcome", "store_group"]
+__all__ = ["GroupCommit", "Outcome", "store_group"]
