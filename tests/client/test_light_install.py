@@ -102,7 +102,10 @@ def test_the_client_installs_with_only_what_it_imports(light: Path) -> None:
         "- set(sys.stdlib_module_names))))",
     )
     assert probe.returncode == 0, probe.stderr
-    modules = set(json.loads(probe.stdout)) - {"__main__", "tracestore_client", "_distutils_hack"}
+    # Less the interpreter's own start-up hooks: Debian's python3 imports its
+    # /usr/lib/python3.11/sitecustomize.py when the environment is empty (`env -i`).
+    startup = {"__main__", "_distutils_hack", "sitecustomize", "usercustomize"}
+    modules = set(json.loads(probe.stdout)) - startup - {"tracestore_client"}
     assert modules <= {"httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio"}
 
 
