@@ -298,8 +298,13 @@ def hold_back(url: str) -> str:
 
 
 @contextmanager
-def write_fault(engine: Engine, table: str, run_id: str) -> Iterator[None]:
+def write_fault(
+    engine: Engine, table: str, run_id: str, *, disconnect: bool = False
+) -> Iterator[None]:
     """While open, inserting a row of the run `run_id` into `table` fails inside the write.
+
+    `disconnect` (PostgreSQL only): instead of raising, the server ends the writer's own
+    connection, as a database restart or a lost network would.
 
     A trigger in the database, so it fires for every writer (this process, a live server,
     SQLAlchemy statements and the driver-level bulk writes alike). It finds the run through
@@ -308,11 +313,18 @@ def write_fault(engine: Engine, table: str, run_id: str) -> Iterator[None]:
     """
     name = "tracestore_test_fault"
     quoted = run_id.replace("'", "''")
+    if disconnect and engine.dialect.name != "postgresql":
+        raise ValueError("only a PostgreSQL server can end a connection")
     if engine.dialect.name == "postgresql":
+        fail = (
+            "PERFORM pg_terminate_backend(pg_backend_pid())"
+            if disconnect
+            else f"RAISE EXCEPTION 'injected fault on {table}'"
+        )
         create = [
             f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             f"IF (SELECT run_id FROM runs WHERE id = NEW.run_pk) = '{quoted}' THEN "
-            f"RAISE EXCEPTION 'injected fault on {table}'; END IF; RETURN NEW; END $$",
+            f"{fail}; END IF; RETURN NEW; END $$",
             f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
             f"FOR EACH ROW EXECUTE FUNCTION {name}()",
         ]

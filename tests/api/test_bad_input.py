@@ -258,6 +258,32 @@ def test_failure_mid_rollout_rolls_back_whole(
     assert {t: counts[t] > 0 for t in ROLLOUT_TABLES} == dict.fromkeys(ROLLOUT_TABLES, True)
 
 
+@pytest.mark.parametrize("route", ["/v1/rollouts", "/v1/rollouts/batch"])
+def test_a_connection_lost_mid_write_is_answered_503_and_leaves_nothing(
+    backend: str, http: httpx.Client, engine: Engine, examples: list[Example], route: str
+) -> None:
+    """The database ending the writer's connection in the middle of a rollout's bulk write
+    is a transient failure: 503 `database_unavailable` with Retry-After (not a 500), on
+    the single and the batch route, nothing of the rollout stored, and the next post is
+    written on a fresh connection."""
+    if backend != "postgresql":
+        pytest.skip("a SQLite connection is a file: no server can end it")
+    ex = min(
+        (e for e in examples if e.label["kind"] == "crafter" and e.label["trace_kind"] == "full"),
+        key=lambda e: len(e.raw),
+    )
+    raw = orjson.dumps(dict(ex.doc, run_id="lost-connection-probe"))
+    headers = {"content-type": "application/x-ndjson"} if route.endswith("batch") else {}
+    with write_fault(engine, "trace_messages", "lost-connection-probe", disconnect=True):
+        response = http.post(route, content=raw, headers=headers)
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "database_unavailable"
+        assert response.headers["retry-after"]
+        assert set(row_counts(engine).values()) == {0}
+    assert http.post(route, content=raw, headers=headers).status_code in (201, 207)
+    assert http.get("/v1/rollouts/lost-connection-probe").status_code == 200
+
+
 def test_examples_still_ingest_after_refusals(http: httpx.Client, examples: list[Example]) -> None:
     assert http.post("/v1/rollouts", content=b"{").status_code == 400
     assert http.post("/v1/rollouts", content=examples[0].raw).status_code == 201

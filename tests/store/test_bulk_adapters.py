@@ -28,8 +28,11 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.exc import IntegrityError, OperationalError
 
+from tests.conftest import Database
 from tracestore.db.bulk import bulk_insert, bulk_insert_all
+from tracestore.db.engine import create_engine
 from tracestore.db.types import NUL_STANDIN, JSONValue, SafeText, UTCDateTime
 from tracestore.store.drift import CHECKS, FINDINGS
 from tracestore.store.rollouts import (
@@ -190,17 +193,48 @@ def test_every_bulk_path_stores_what_the_column_types_store(
         assert read == through_types[table.name][1], f"{table.name}: reads back differently"
 
 
-def test_a_refused_row_in_the_pipeline_raises_the_drivers_integrity_error(
-    connection: Connection,
+@pytest.mark.parametrize("path", PATHS)
+def test_a_refused_row_raises_sqlalchemys_integrity_error(
+    connection: Connection, path: str
 ) -> None:
-    """A unique violation among the pipelined INSERTs surfaces as the driver's
-    IntegrityError (store_many's savepoint catches it to decide each rollout alone)."""
-    rows = _rows(RUNS)[:2]
-    rows[1]["run_id"] = rows[0]["run_id"]
-    errors = (connection.dialect.loaded_dbapi.IntegrityError,)
-    with pytest.raises(errors), connection.begin_nested():
-        bulk_insert_all(connection, [(RUNS, rows)], pipeline_max_values=10**9)
+    """A unique violation on any bulk path surfaces as SQLAlchemy's IntegrityError, the
+    driver's as its `.orig` (store_many's savepoint catches it to decide each rollout
+    alone), and the savepoint undoes every row."""
+    rows = _rows(RUNS)
+    rows[-1]["run_id"] = rows[0]["run_id"]
+    with pytest.raises(IntegrityError) as caught, connection.begin_nested():
+        bulk_insert_all(connection, [(RUNS, rows)], pipeline_max_values=PATHS[path])
+    assert isinstance(caught.value.orig, connection.dialect.loaded_dbapi.IntegrityError)
     assert connection.execute(select(RUNS.c.id)).all() == []
+
+
+@pytest.mark.parametrize("path", ["copy", "pipeline"])
+def test_a_lost_connection_is_sqlalchemys_and_never_reused(
+    backend: str, database: Database, path: str
+) -> None:
+    """The server ending the connection under a bulk write raises SQLAlchemy's
+    OperationalError marked `connection_invalidated` (the API answers it 503 with
+    Retry-After, where the driver's own error was a 500), and the pool never hands that
+    connection out again."""
+    if backend != "postgresql":
+        pytest.skip("a SQLite connection is a file: the server cannot end it")
+    engine = create_engine(database.url, connections=1)
+    admin = create_engine(database.url)
+    try:
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            with admin.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            with pytest.raises(OperationalError) as caught:
+                bulk_insert_all(conn, [(RUNS, _rows(RUNS))], pipeline_max_values=PATHS[path])
+            assert caught.value.connection_invalidated
+            assert isinstance(caught.value.orig, conn.dialect.loaded_dbapi.OperationalError)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+            assert conn.execute(select(RUNS.c.id)).all() == []
+    finally:
+        engine.dispose()
+        admin.dispose()
 
 
 def _typed(value: Any, nul: str) -> Any:

@@ -22,12 +22,14 @@ reads as the column's type, exactly as it reads COPY's text: both paths store th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Dumper
 from sqlalchemy import Connection, Table, text
+from sqlalchemy.exc import DBAPIError
 
 from tracestore.db.types import JSONValue, SafeText, UTCDateTime, json_dumps, json_dumps_pg, pg_safe
 
@@ -47,6 +49,28 @@ class _Untyped(Dumper):
     def dump(self, obj: Any) -> bytes:
         """The value's text."""
         return str(obj).encode()
+
+
+@contextmanager
+def driver_errors(conn: Connection, statement: str) -> Iterator[None]:
+    """Raise the driver's errors inside as SQLAlchemy raises them for its own statements.
+
+    The bulk paths talk to the driver directly, so without this a lost connection reached
+    the API as the driver's OperationalError, answered 500, where SQLAlchemy's is answered
+    503 with Retry-After (api/errors.py); and the dead connection went back to the pool.
+    A unique violation comes out as SQLAlchemy's IntegrityError (the driver's is `.orig`).
+    """
+    dbapi = conn.dialect.loaded_dbapi
+    try:
+        yield
+    except dbapi.Error as exc:
+        gone = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
+        if gone:
+            # As SQLAlchemy does on a disconnect: this connection is never handed out again.
+            conn.invalidate(exc)
+        raise DBAPIError.instance(
+            statement, None, exc, dbapi.Error, connection_invalidated=gone, dialect=conn.dialect
+        ) from exc
 
 
 def _aware(value: datetime) -> datetime:
@@ -132,12 +156,13 @@ class BulkTable:
             return
         raw = conn.connection.driver_connection
         data = self.tuples(rows)
-        if self.dialect == "postgresql":
-            with raw.cursor() as cursor, cursor.copy(self.sql) as copy:  # type: ignore[union-attr]
-                for item in data:
-                    copy.write_row(item)
-        else:
-            raw.executemany(self.sql, data)  # type: ignore[union-attr]
+        with driver_errors(conn, self.sql):
+            if self.dialect == "postgresql":
+                with raw.cursor() as cursor, cursor.copy(self.sql) as copy:  # type: ignore[union-attr]
+                    for item in data:
+                        copy.write_row(item)
+            else:
+                raw.executemany(self.sql, data)  # type: ignore[union-attr]
 
 
 def allocate_ids(conn: Connection, table: Table, n: int) -> list[int]:
@@ -227,7 +252,12 @@ def _pipelined(
     if not writes:
         return
     raw: Any = conn.connection.driver_connection
-    with raw.pipeline(), psycopg.RawCursor(raw) as cursor:
+    names = ", ".join(bulk.table.name for bulk, _rows in writes)
+    with (
+        driver_errors(conn, f"pipelined INSERTs into {names}"),
+        raw.pipeline(),
+        psycopg.RawCursor(raw) as cursor,
+    ):
         for kind in (int, float, bool):
             cursor.adapters.register_dumper(kind, _Untyped)
         for bulk, rows in writes:

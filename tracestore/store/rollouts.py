@@ -256,18 +256,13 @@ def store_one(conn: Connection, prepared: Prepared) -> IngestResult:
             # The savepoint makes the rollout all-or-nothing inside a larger transaction.
             with conn.begin_nested():
                 write_many(conn, [prepared], datetime.now(UTC))
-        except _integrity_errors(conn) as exc:
+        except IntegrityError as exc:
             # A concurrent transaction stored the same run_id between our check and our
             # insert; only our savepoint was undone. Check again: duplicate or conflict.
             taken = exc
             continue
         return _created(prepared)
     raise RuntimeError("run_id kept colliding with concurrent inserts") from taken
-
-
-def _integrity_errors(conn: Connection) -> tuple[type[Exception], ...]:
-    # SQLAlchemy's, and the driver's own: bulk writes go to the driver directly.
-    return (IntegrityError, conn.dialect.loaded_dbapi.IntegrityError)
 
 
 def _created(prepared: Prepared) -> IngestResult:
@@ -393,7 +388,7 @@ def _store_many(
         try:
             with conn.begin_nested():
                 write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
-        except _integrity_errors(conn):
+        except IntegrityError:
             pass  # undone: the slow path below decides each one
         except Exception:
             if not isolate:
