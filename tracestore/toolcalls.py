@@ -23,10 +23,12 @@ def normalize_tool_call(call: object) -> dict[str, Any]:
 
     Keys that carry no meaning for comparison (`id`, `source`, `type`, `index`) are dropped.
     """
-    if not isinstance(call, Mapping):
+    # dict first: parsed JSON is dicts, and the Mapping ABC check is several times slower.
+    if type(call) is not dict and not isinstance(call, Mapping):
         return {"name": None, "arguments": call}
     function = call.get("function")
-    if isinstance(function, Mapping):  # OpenAI: {"id", "type": "function", "function": {...}}
+    # OpenAI: {"id", "type": "function", "function": {...}}
+    if type(function) is dict or (function is not None and isinstance(function, Mapping)):
         return {"name": function.get("name"), "arguments": _arguments(function.get("arguments"))}
     name = call.get("tool_name", call.get("name", call.get("tool")))
     if "arguments_json" in call and call.get("arguments_json") is not None:
