@@ -8,6 +8,8 @@ database at scrape time, so every worker reports the whole store.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -65,15 +67,32 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        # Labelled children by their label values: prometheus_client's labels() validates
+        # and locks on every call, once per request here (a small post's profile showed it).
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._ingest_children: dict[str, Any] = {}
         for status in INGEST_STATUSES:
-            self.ingested.labels(status=status)
+            self._ingest_children[status] = self.ingested.labels(status=status)
         for kind in DRIFT_KINDS:
             self.findings.labels(kind=kind).set(0)
 
     def count_ingest(self, status: str, n: int = 1) -> None:
         """Count `n` ingest outcomes of `status`."""
         if n > 0:
-            self.ingested.labels(status=status).inc(n)
+            child = self._ingest_children.get(status)
+            if child is None:
+                child = self._ingest_children[status] = self.ingested.labels(status=status)
+            child.inc(n)
+
+    def observe_request(self, method: str, route: str, status: str, seconds: float) -> None:
+        """Time one HTTP request in the latency histogram."""
+        key = (method, route, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(
+                method=method, route=route, status=status
+            )
+        child.observe(seconds)
 
     def set_drift(self, findings_by_kind: dict[str, int], runs_by_state: dict[str, int]) -> None:
         """Set the drift gauges from figures read from the store."""

@@ -99,7 +99,7 @@ class ObservabilityMiddleware:
     def _observe(self, scope: Scope, status: int, seconds: float, body: bytes) -> None:
         route, method = _route(scope), scope["method"]
         metrics = self.state.metrics
-        metrics.requests.labels(method=method, route=route, status=str(status)).observe(seconds)
+        metrics.observe_request(method, route, str(status), seconds)
         if method == "GET" and status == 200 and route in LEGACY_ROUTES:
             # The whole-run route says whether the run had trajectories (LEGACY_STATE);
             # reading a trace-only run is no legacy read.
