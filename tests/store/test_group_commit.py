@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
 from tracestore.db.engine import create_engine
 from tracestore.errors import InvalidJSON, InvalidRollout
-from tracestore.ingest.group import GroupCommit, Outcome, store_group
+from tracestore.ingest.group import EXPECT_FOR, GroupCommit, Outcome, store_group
 from tracestore.ingest.service import ingest_bytes
 from tracestore.settings import Settings
 from tracestore.store.documents import load_document
@@ -241,6 +241,104 @@ def test_posts_during_a_write_form_the_next_group(engine: Engine) -> None:
     results = _run(flow)
     assert [r.status for r in results] == ["created"] * 6
     assert recorder.sizes == [1, 3, 2]  # then groups of at most max_items
+
+
+async def _burst(group: GroupCommit, run_ids: list[str]) -> list[IngestResult]:
+    """Posts stored as one group (they wait for a post arriving, which then ends)."""
+    other = group.arriving()
+    await other.__aenter__()
+    tasks = [asyncio.create_task(group.submit(_raw(r))) for r in run_ids]
+    await asyncio.sleep(0)
+    await other.__aexit__(None, None, None)
+    return await asyncio.gather(*tasks)
+
+
+def test_the_clients_of_a_group_just_answered_are_waited_for(engine: Engine) -> None:
+    """Posts coming back one by one after their group was answered (a task app's workers
+    posting again) form one group, not a group each: the group waits for as many posts as
+    were answered, at most the wait, and is written once they all came."""
+    recorder = Recorder()
+
+    async def flow() -> tuple[list[IngestResult], list[bool]]:
+        group = GroupCommit(engine, recorder, wait=5.0, max_items=64, max_bytes=1 << 24)
+        first = await _burst(group, [f"back-{i}" for i in range(3)])
+        held = []
+        again = []
+        for i in range(3):  # the three clients come back, one at a time
+            again.append(asyncio.create_task(group.submit(_raw(f"again-{i}"))))
+            await asyncio.sleep(0.02)
+            held.append(group._timer is not None)
+        return [*first, *await asyncio.gather(*again)], held
+
+    results, held = _run(flow)
+    assert [r.status for r in results] == ["created"] * 6
+    # Held for the second and third while they were expected; the third's arrival wrote
+    # the group at once (well within the 5 s wait, or this test would have taken 5 s).
+    assert held == [True, True, False]
+    assert recorder.sizes == [3, 3]
+
+
+def test_expected_posts_that_do_not_come_hold_a_group_at_most_the_wait(engine: Engine) -> None:
+    recorder = Recorder()
+
+    async def flow() -> tuple[float, bool]:
+        group = GroupCommit(engine, recorder, wait=0.05, max_items=64, max_bytes=1 << 24)
+        await _burst(group, [f"gone-{i}" for i in range(4)])
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await group.submit(_raw("only-one-came-back"))  # three others were expected
+        took = loop.time() - start
+        # They did not come within the wait: nothing is expected any more, so the next
+        # post is written at once.
+        task = asyncio.create_task(group.submit(_raw("next")))
+        await asyncio.sleep(0)
+        armed = group._timer is not None
+        await task
+        return took, armed
+
+    took, armed = _run(flow)
+    assert 0.04 <= took < 1.0
+    assert not armed
+    assert recorder.sizes == [4, 1, 1]
+
+
+def test_a_client_posting_again_and_again_waits_for_nobody(engine: Engine) -> None:
+    """One client posting in a loop: its own answered post is the one expected back, so
+    its next post is written at once (the lone-post latency does not grow)."""
+    recorder = Recorder()
+
+    async def flow() -> list[bool]:
+        group = GroupCommit(engine, recorder, wait=3600, max_items=64, max_bytes=1 << 24)
+        armed = []
+        for i in range(3):
+            task = asyncio.create_task(group.submit(_raw(f"loop-{i}")))
+            await asyncio.sleep(0)
+            armed.append(group._timer is not None)
+            await task
+        return armed
+
+    assert _run(flow) == [False, False, False]
+    assert recorder.sizes == [1, 1, 1]
+
+
+def test_an_expectation_lapses(engine: Engine) -> None:
+    """Posts expected back but not come within EXPECT_FOR waits are expected no longer:
+    a post after a pause is written at once."""
+    recorder = Recorder()
+    wait = 0.01
+
+    async def flow() -> bool:
+        group = GroupCommit(engine, recorder, wait=wait, max_items=64, max_bytes=1 << 24)
+        await _burst(group, [f"burst-{i}" for i in range(5)])
+        await asyncio.sleep(EXPECT_FOR * wait + 0.05)
+        task = asyncio.create_task(group.submit(_raw("after-a-pause")))
+        await asyncio.sleep(0)
+        armed = group._timer is not None
+        await task
+        return armed
+
+    assert _run(flow) is False
+    assert recorder.sizes == [5, 1]
 
 
 def test_commit_failure_fails_every_post_of_the_group(engine: Engine, fresh: Engine) -> None:

@@ -10,8 +10,16 @@ that reach one worker together are stored together, as the batch route stores a 
   of `api/overload.py`'s lane) as soon as fewer than `concurrency` groups are being
   written, unless other posts are still arriving (their body is being read): then it
   waits for them, at most `wait` seconds, or until it holds `max_items` rollouts or
-  `max_bytes` bytes, whichever comes first. A lone post (nothing else arriving, nothing
-  being written) is written at once: it waits for nobody;
+  `max_bytes` bytes, whichever comes first. It waits the same way, at most `wait`, for
+  the posts it *expects*: when a group is answered, its clients are likely to post again
+  at once (a task app's workers, a trainer's loop), so for a short while (EXPECT_FOR
+  waits) that many posts are expected, each arriving post counting one off; the group is
+  written as soon as they all came, or when the wait ran out (then nothing more is
+  expected). Without it, the posts of a worker split into two groups taking turns (one
+  written while the other gathers), each paying a transaction, a commit and the
+  per-group statements, which were most of a small post's cost beyond a batch item's
+  (bench/README.md item 19). A lone post (nothing arriving, nothing being written,
+  nothing expected) is written at once: it waits for nobody;
 - posts that come while `concurrency` groups are being written form the next group,
   written when one of those ends;
 - the group's rollouts are written together in one savepoint inside the group's
@@ -41,6 +49,8 @@ from tracestore.db.uow import write_connection
 from tracestore.ingest.service import cyclic_gc_paused, prepare
 from tracestore.store.rollouts import IngestResult, Prepared, store_each, store_many
 
+# How long (in group-commit waits) the posts of a group just answered are expected back.
+EXPECT_FOR = 5
 # What a group's write gives back for each of its posts: its result, or its error.
 Outcome = IngestResult | BaseException
 # How a group is written: `run(store_group, engine, raws)` (a lane's `run`: a write slot,
@@ -124,6 +134,9 @@ class GroupCommit:
         self._writing = 0  # groups being written
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Posts expected soon (their clients' last posts were just answered), until then.
+        self._expected = 0
+        self._expected_until = 0.0
 
     @asynccontextmanager
     async def arriving(self) -> AsyncIterator[None]:
@@ -143,6 +156,8 @@ class GroupCommit:
         database error, DatabaseBusy when no write slot came free in time).
         """
         post = _Post(raw, self.loop.create_future())
+        if self._expected:
+            self._expected -= 1
         self._pending.append(post)
         self._pending_bytes += len(raw)
         self._kick()
@@ -155,14 +170,18 @@ class GroupCommit:
         """Write the pending group now, later (a timer), or when a group being written ends."""
         if not self._pending or self._writing >= self.concurrency:
             return  # nothing to write, or the end of a group being written kicks again
-        if self._arriving and not self._full() and self.wait > 0:
-            if self._timer is None:  # wait for the posts arriving, at most `wait`
+        if not self._full() and self.wait > 0 and (self._arriving or self._expecting()):
+            if self._timer is None:  # wait for the posts arriving or expected, at most `wait`
                 self._timer = self.loop.call_later(self.wait, self._waited)
             return
         self._write_pending()
 
+    def _expecting(self) -> bool:
+        return self._expected > 0 and self.loop.time() < self._expected_until
+
     def _waited(self) -> None:
         self._timer = None
+        self._expected = 0  # they did not come within the wait: not soon, then
         if self._pending and self._writing < self.concurrency:
             self._write_pending()
 
@@ -208,6 +227,9 @@ class GroupCommit:
                 post.answer.set_exception(outcome)
             else:
                 post.answer.set_result(outcome)
+        # Their clients are likely to post again at once: the next group waits for them.
+        self._expected += len(group)
+        self._expected_until = self.loop.time() + EXPECT_FOR * self.wait
         self._kick()
         if written and self.observe is not None:
             # Counted once its posts are answered and the next group is started.
