@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI, Query, Request, Response
 from pydantic import TypeAdapter
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
-from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -242,11 +242,16 @@ class LeanShortcut:
     """ASGI middleware, the innermost: a request for a lean route goes straight to it.
 
     The request has passed every middleware of the app (errors, metrics, the in-flight
-    bound); it skips only the search of the routing table and FastAPI's per-request exit
-    stack (for uploaded files; these routes read their bodies themselves), which cost ~10%
-    of a small post's CPU. Errors take the app's exception handlers, through Starlette's
-    own ExceptionMiddleware, as on the normal path. Anything else (another method or path,
-    a root path) goes on down the app, where the lean routes are also the first routes.
+    bound); it skips the search of the routing table, FastAPI's per-request exit stack
+    (for uploaded files; these routes read their bodies themselves) and Starlette's
+    per-route layers (ExceptionMiddleware, Route.handle, request_response: each a
+    coroutine and a send wrapper per request; together with the exit stack ~10% of a
+    small post's CPU, bench/README.md items 14 and 19). Errors take the app's exception
+    handlers, looked up as Starlette's ExceptionMiddleware looks them up (by status code
+    for an HTTPException, else by the exception's classes); 500 and Exception are handled
+    outermost, by ServerErrorMiddleware, as on the normal path. Anything else (another
+    method or path, a root path) goes on down the app, where the lean routes are also
+    the first routes.
     """
 
     def __init__(self, app: ASGIApp, *, owner: FastAPI, routes: list[LeanRoute]) -> None:
@@ -254,19 +259,36 @@ class LeanShortcut:
         self.owner = owner
         self.ingest = next(r for r in routes if isinstance(r, IngestRoute))
         self.others = [r for r in routes if r is not self.ingest]
-        self._apps: dict[str, ASGIApp] = {}  # by path (a route is not hashable)
+        # The app's handlers, split at the first request (once every handler is in place).
+        self._handlers: tuple[dict[Any, Any], dict[int, Any]] | None = None
 
-    def _routed(self, route: LeanRoute) -> ASGIApp:
-        # Built at the first request, once every exception handler is in place; the same
-        # handlers as FastAPI's own ExceptionMiddleware (500 and Exception are handled
-        # outermost, by ServerErrorMiddleware).
-        routed = self._apps.get(route.path)
-        if routed is None:
+    def _handler(self, exc: Exception) -> Any:
+        if self._handlers is None:
             handlers = {
                 k: v for k, v in self.owner.exception_handlers.items() if k not in (500, Exception)
             }
-            routed = self._apps[route.path] = ExceptionMiddleware(route.handle, handlers=handlers)
-        return routed
+            by_class = {k: v for k, v in handlers.items() if not isinstance(k, int)}
+            by_status = {k: v for k, v in handlers.items() if isinstance(k, int)}
+            self._handlers = (by_class, by_status)
+        by_class, by_status = self._handlers
+        if isinstance(exc, StarletteHTTPException) and exc.status_code in by_status:
+            return by_status[exc.status_code]
+        return next((by_class[c] for c in type(exc).__mro__ if c in by_class), None)
+
+    async def _serve(self, route: LeanRoute, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        try:
+            # A lean endpoint never sends: it returns its answer, so an error here comes
+            # before any byte of the answer went.
+            response = await route.endpoint(request)
+        except Exception as exc:
+            handler = self._handler(exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+            # A reused exception instance would gather tracebacks across requests.
+            exc.__traceback__ = None
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI call."""
@@ -286,7 +308,7 @@ class LeanShortcut:
                 scope["route"] = route
                 scope["endpoint"] = route.endpoint
                 scope["path_params"] = params
-                await self._routed(route)(scope, receive, send)
+                await self._serve(route, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
