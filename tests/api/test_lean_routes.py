@@ -257,3 +257,31 @@ def test_no_path_under_a_run_is_taken_for_a_run_id() -> None:
     paths = create_app(check_schema=False).openapi()["paths"]
     under = [p.removeprefix("/v1/rollouts/{run_id}") for p in paths]
     assert {u for u, p in zip(under, paths, strict=True) if u != p and u} == set(RUN_SUBRESOURCES)
+
+
+def test_a_plain_function_handler_answers_for_a_lean_route(
+    database: Database, engine: Engine
+) -> None:
+    """A handler that is a plain function runs as Starlette runs it (in its thread pool):
+    the lean routes take the app's handlers as the routing table does. The handlers are
+    read at the first error, so one added once the server started is used."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    from tracestore.errors import InvalidJSON
+
+    calls: list[str] = []
+
+    def plain(request: Request, exc: Exception) -> JSONResponse:
+        calls.append(type(exc).__name__)
+        return JSONResponse({"error": {"code": "plain", "message": str(exc)}}, status_code=418)
+
+    with LiveServer(Settings(database_url=database.url)) as live:
+        app = live.server.config.app
+        assert isinstance(app, FastAPI)
+        app.add_exception_handler(InvalidJSON, plain)
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            response = client.post("/v1/rollouts", content=b"{")
+    assert response.status_code == 418, response.text
+    assert response.json()["error"]["code"] == "plain"
+    assert calls == ["InvalidJSON"]

@@ -228,6 +228,7 @@ def test_a_lost_connection_is_sqlalchemys_and_never_reused(
             with pytest.raises(OperationalError) as caught:
                 bulk_insert_all(conn, [(RUNS, _rows(RUNS))], pipeline_max_values=PATHS[path])
             assert caught.value.connection_invalidated
+            assert conn.invalidated  # dropped at once, not left to the pool's next ping
             assert isinstance(caught.value.orig, conn.dialect.loaded_dbapi.OperationalError)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid

@@ -227,9 +227,12 @@ class GroupCommit:
                 post.answer.set_exception(outcome)
             else:
                 post.answer.set_result(outcome)
-        # Their clients are likely to post again at once: the next group waits for them.
-        self._expected += len(group)
-        self._expected_until = self.loop.time() + EXPECT_FOR * self.wait
+        if written:
+            # Their clients are likely to post again at once: the next group waits for
+            # them. (Not after a refusal: those clients retry after its Retry-After.) An
+            # expectation that lapsed meanwhile is not carried over.
+            self._expected = (self._expected if self._expecting() else 0) + len(group)
+            self._expected_until = self.loop.time() + EXPECT_FOR * self.wait
         self._kick()
         if written and self.observe is not None:
             # Counted once its posts are answered and the next group is started.

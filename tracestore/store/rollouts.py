@@ -364,7 +364,7 @@ def store_each(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     for any reason, each rollout is stored alone in a savepoint of its own, and one whose
     write fails gets its error as its outcome while the others are stored. What group
     commit needs (ingest/group.py), without a savepoint around the whole chunk (two round
-    trips per group on PostgreSQL)."""
+    trips per group on PostgreSQL). A lost connection is no rollout's own: it raises."""
     return _store_many(conn, chunk, isolate=True)
 
 
@@ -391,7 +391,9 @@ def _store_many(
         except IntegrityError:
             pass  # undone: the slow path below decides each one
         except Exception:
-            if not isolate:
+            if not isolate or conn.invalidated:
+                # A lost connection is every rollout's failure, not one's: the caller
+                # answers it as SQLAlchemy's error (503), nothing of the group committed.
                 raise
             # Undone (the savepoint), and nothing else was written: each one alone below.
         else:
@@ -410,5 +412,7 @@ def _store_many(
                 with conn.begin_nested():
                     out.append(store_one(conn, prepared))
             except Exception as exc:
+                if conn.invalidated:
+                    raise  # the connection was lost: as above, the whole group's failure
                 out.append(exc)
     return out

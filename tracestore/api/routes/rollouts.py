@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -285,9 +286,14 @@ class LeanShortcut:
             handler = self._handler(exc)
             if handler is None:
                 raise
-            response = await handler(request, exc)
+            if inspect.iscoroutinefunction(handler):
+                response = await handler(request, exc)
+            else:  # as Starlette runs a plain function: in its thread pool
+                response = await run_in_threadpool(handler, request, exc)
             # A reused exception instance would gather tracebacks across requests.
             exc.__traceback__ = None
+            if response is None:  # a handler may answer nothing (Starlette allows it)
+                return
         await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
