@@ -187,8 +187,9 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Group commit of single posts (tracestore/ingest/group.py): the longest a group "
-            "about to be written waits for posts still arriving, in milliseconds. A lone "
-            "post waits for nobody."
+            "about to be written waits for posts still arriving, or for the clients of the "
+            "group just answered to post again, in milliseconds. A lone post waits for "
+            "nobody."
         ),
     )
     group_commit_max_rollouts: int = Field(
