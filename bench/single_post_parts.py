@@ -33,11 +33,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench.common import free_port, fresh_database, pg_available
 from bench.concurrency import WORKERS, Seeds, measure, serving
+from tracestore.api.routes.rollouts import new_group_commit
 from tracestore.api.server import served_app
 from tracestore.db.engine import create_engine
 from tracestore.db.uow import write_connection
 from tracestore.ingest.group import GroupCommit
-from tracestore.ingest.service import MAX_BYTES_PER_TRANSACTION, cyclic_gc_paused, prepare
+from tracestore.ingest.service import cyclic_gc_paused, prepare
 from tracestore.store.rollouts import store_each
 
 CLIENTS = 32
@@ -59,19 +60,7 @@ def bare_ingest_app() -> ASGIApp:
             await app(scope, receive, send)
             return
         if not groups:
-            state = app.state.tracestore
-            s = state.settings
-            groups.append(
-                GroupCommit(
-                    state.engine,
-                    state.lanes.writes.run,
-                    wait=s.group_commit_wait_ms / 1000,
-                    max_items=s.group_commit_max_rollouts,
-                    max_bytes=MAX_BYTES_PER_TRANSACTION,
-                    concurrency=1,
-                    observe=state.observability.metrics.group_sizes.observe,
-                )
-            )
+            groups.append(new_group_commit(app.state.tracestore))
         body, more = b"", True
         while more:
             message = await receive()

@@ -8,6 +8,8 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from tracestore.jsontext import member as _get
+
 CorrelationSource = Literal[
     "top_level",
     "pipeline_metadata",
@@ -126,13 +128,6 @@ class Resolution:
     def conflict(self) -> bool:
         """True when two locations name different non-empty ids (a correlation_conflict)."""
         return len(self.distinct_cids) > 1
-
-
-def _get(obj: object, key: str) -> Any:
-    # dict first, and None without the (several times slower) Mapping ABC check.
-    if type(obj) is dict or (obj is not None and isinstance(obj, Mapping)):
-        return obj.get(key)
-    return None
 
 
 def resolve_correlation(doc: Mapping[str, Any]) -> Resolution:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -27,6 +28,16 @@ def dumps(value: Any) -> bytes:
         return json.dumps(
             value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
+
+
+def member(obj: object, key: str) -> Any:
+    """`obj[key]` when `obj` is an object (a mapping), else None: reading parsed JSON that
+    may hold anything where an object is expected."""
+    # dict first, and None without the (several times slower) Mapping ABC check: prepare
+    # reads thousands of members per rollout.
+    if type(obj) is dict or (obj is not None and isinstance(obj, Mapping)):
+        return obj.get(key)
+    return None
 
 
 # --- repeated keys --------------------------------------------------------------------------

@@ -52,17 +52,11 @@ from tracestore.convert.report import (
     source_sha256,
 )
 from tracestore.correlation import resolve_correlation
+from tracestore.jsontext import member as _get
 from tracestore.toolcalls import trajectory_tool_call
 from tracestore.wire.trace import EnvStep, classify_trace, view_trace
 
 CONVERTER_NAME = "trace_to_trajectories"
-
-
-def _get(obj: object, key: str) -> Any:
-    # dict first, and None without the (several times slower) Mapping ABC check.
-    if type(obj) is dict or (obj is not None and isinstance(obj, Mapping)):
-        return obj.get(key)
-    return None
 
 
 def _split(

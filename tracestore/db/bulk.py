@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
-import orjson
 import psycopg
 from psycopg.adapt import Dumper
 from sqlalchemy import Connection, Table
@@ -83,50 +82,24 @@ def _aware(value: datetime) -> datetime:
     return value
 
 
-def _sqlite_datetime(value: datetime | None) -> str | None:
-    if value is None:
-        return None
+def _sqlite_datetime(value: datetime) -> str:
     # The text SQLAlchemy's SQLite DateTime writes: naive UTC, always 6 fraction digits.
     utc = _aware(value).astimezone(UTC).replace(tzinfo=None)
     return utc.isoformat(" ", timespec="microseconds")
 
 
-def _pg_text(value: str | None) -> str | None:
-    return pg_safe(value) if value is not None and "\x00" in value else value
-
-
-def _nullable(fn: Callable[[Any], Any]) -> Adapter:
-    return lambda v: None if v is None else fn(v)
-
-
-# json_dumps and json_dumps_pg with their common case inlined: a rollout has hundreds of
-# JSON values, and three calls deep per value showed in the write's profile.
-def _json_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:  # too deep for orjson: json_dumps falls back
-        return json_dumps(value)
-
-
-def _json_text_pg(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        raw = orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json_dumps_pg(value)
-    return json_dumps_pg(value) if b"\\u0000" in raw else raw.decode()
+def _pg_text(value: str) -> str:
+    return pg_safe(value) if "\x00" in value else value
 
 
 def _adapter(column_type: object, dialect: str) -> Adapter | None:
+    # Adapters never see NULL: tuples() keeps None as None.
     if isinstance(column_type, JSONValue):
-        return _json_text_pg if dialect == "postgresql" else _json_text
+        return json_dumps_pg if dialect == "postgresql" else json_dumps
     if isinstance(column_type, SafeText) and dialect == "postgresql":
         return _pg_text
     if isinstance(column_type, UTCDateTime):
-        return _sqlite_datetime if dialect == "sqlite" else _nullable(_aware)
+        return _sqlite_datetime if dialect == "sqlite" else _aware
     return None
 
 
@@ -168,7 +141,9 @@ class BulkTable:
                 continue
             out = list(found)
             for i, fn in adapted:
-                out[i] = fn(out[i])
+                value = out[i]
+                if value is not None:  # NULL stays NULL, whatever the column's type
+                    out[i] = fn(value)
             yield out
 
     def insert_sql(self, n: int) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from tracestore.correlation import Resolution, resolve_correlation
+from tracestore.jsontext import member as _get
 from tracestore.toolcalls import normalize_tool_calls
 from tracestore.vocabulary import (
     DRIFT_KINDS,
@@ -138,13 +139,6 @@ def _json_default(value: object) -> object:
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return list(value)
     return repr(value)
-
-
-def _get(obj: object, key: str) -> Any:
-    # dict first, and None without the (several times slower) Mapping ABC check.
-    if type(obj) is dict or (obj is not None and isinstance(obj, Mapping)):
-        return obj.get(key)
-    return None
 
 
 def _list(value: object) -> list[Any]:

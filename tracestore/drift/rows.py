@@ -17,6 +17,7 @@ from tracestore.convert import CONVERTER_VERSION
 from tracestore.convert.to_trajectories import core_steps
 from tracestore.correlation import Resolution
 from tracestore.drift.compare import REWARD_TOLERANCE, Comparison, compare_rollout
+from tracestore.jsontext import member as _get
 from tracestore.store.drift import DriftRows
 from tracestore.toolcalls import normalize_tool_calls
 from tracestore.wire.trace import classify_trace, infer_event_type, unwrap_trace
@@ -35,11 +36,6 @@ class Reproduction:
     gap: str | None = None  # first field that does not come back, or `<kind>_trace`
     detail: str | None = None
     converter_version: str | None = None
-
-
-def _get(obj: object, key: str) -> Any:
-    # dict first: parsed JSON is dicts, and the Mapping ABC check is several times slower.
-    return obj.get(key) if isinstance(obj, dict | Mapping) else None
 
 
 def _steps(trajectories: object) -> list[Any]:

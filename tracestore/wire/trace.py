@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import orjson
 
+from tracestore.jsontext import member as _get
+
 TraceKind = Literal["full", "wrapped", "summary", "db_row", "empty", "unknown"]
 EventType = Literal["runtime", "environment", "lm_call", "plain"]
 
@@ -70,13 +72,6 @@ def infer_event_type(event: Mapping[str, Any]) -> str:
 
 def _as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _get(obj: object, key: str) -> Any:
-    # dict first, and None without the (several times slower) Mapping ABC check.
-    if type(obj) is dict or (obj is not None and isinstance(obj, Mapping)):
-        return obj.get(key)
-    return None
 
 
 def _is_env(item: object) -> bool:

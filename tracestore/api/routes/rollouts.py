@@ -61,24 +61,29 @@ _GROUP = "tracestore_group_commit"
 _GROUP_MAX_BYTES = MAX_BYTES_PER_TRANSACTION
 
 
+def new_group_commit(state: AppState) -> GroupCommit:
+    """A group committer for the running event loop, configured from `state`'s settings."""
+    settings = state.settings
+    return GroupCommit(
+        state.engine,
+        state.lanes.writes.run,
+        wait=settings.group_commit_wait_ms / 1000,
+        max_items=settings.group_commit_max_rollouts,
+        max_bytes=_GROUP_MAX_BYTES,
+        # One group of a worker at a time, on both databases: SQLite has one writer (a
+        # second group would queue for its lock), and on PostgreSQL two groups side by
+        # side made smaller groups and cost more CPU per post than they overlapped
+        # (bench/README.md item 13).
+        concurrency=1,
+        observe=state.observability.metrics.group_sizes.observe,
+    )
+
+
 def group_commit(request: Request, state: AppState) -> GroupCommit:
     """The group committer of this worker's event loop (made at its first single post)."""
     group: GroupCommit | None = getattr(request.app.state, _GROUP, None)
     if group is None or group.loop is not asyncio.get_running_loop():
-        settings = state.settings
-        group = GroupCommit(
-            state.engine,
-            state.lanes.writes.run,
-            wait=settings.group_commit_wait_ms / 1000,
-            max_items=settings.group_commit_max_rollouts,
-            max_bytes=_GROUP_MAX_BYTES,
-            # One group of a worker at a time, on both databases: SQLite has one writer (a
-            # second group would queue for its lock), and on PostgreSQL two groups side by
-            # side made smaller groups and cost more CPU per post than they overlapped
-            # (bench/README.md item 13).
-            concurrency=1,
-            observe=state.observability.metrics.group_sizes.observe,
-        )
+        group = new_group_commit(state)
         setattr(request.app.state, _GROUP, group)
     return group
 
