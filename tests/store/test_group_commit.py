@@ -9,14 +9,17 @@ post is written at once, whatever the wait.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from sqlalchemy import Engine, text
+from psycopg import pq
+from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
@@ -122,23 +125,54 @@ def test_one_group_each_alone(engine: Engine, fresh: Engine) -> None:
     assert _visible(fresh, "twice") == posts["twice-a"]
 
 
+@contextmanager
+def driver_messages(engine: Engine) -> Iterator[list[str]]:
+    """What the driver sends while the block runs, below SQLAlchemy (the bulk paths and
+    the group's savepoint go to the driver directly): on SQLite each statement; on
+    PostgreSQL each protocol message as libpq's trace writes it ("F <len> Parse ..." for a
+    statement; "F <len> Sync" or "F <len> Query" where the client waits for the server)."""
+    seen: list[str] = []
+    sqlite = engine.dialect.name == "sqlite"
+    with tempfile.TemporaryFile("w+") as trace:
+
+        def checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+            if sqlite:
+                dbapi_conn.set_trace_callback(seen.append)
+                return
+            dbapi_conn.pgconn.trace(trace.fileno())
+            dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+        def checkin(dbapi_conn: Any, _record: Any) -> None:
+            if sqlite:
+                dbapi_conn.set_trace_callback(None)
+            else:
+                dbapi_conn.pgconn.untrace()
+
+        event.listen(engine.pool, "checkout", checkout)
+        event.listen(engine.pool, "checkin", checkin)
+        try:
+            yield seen
+        finally:
+            event.remove(engine.pool, "checkout", checkout)
+            event.remove(engine.pool, "checkin", checkin)
+            trace.seek(0)
+            seen.extend(line for line in trace.read().splitlines() if line.startswith("F"))
+
+
 def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> None:
     """The group's rollouts share the fast path's one savepoint: none around the whole
-    group (each costs two round trips on PostgreSQL), none per rollout."""
-    from sqlalchemy import event
-
-    statements: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
+    group, none per rollout; on PostgreSQL the group is four round trips (BEGIN; the
+    look-up, the keys and the savepoint; the rows; COMMIT), where it was seven."""
+    with driver_messages(engine) as seen:
         outcomes = store_group(engine, [_raw(f"one-{i}") for i in range(3)])
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
     assert [o.status for o in outcomes if isinstance(o, IngestResult)] == ["created"] * 3
-    assert len([s for s in statements if s.startswith("SAVEPOINT")]) == 1
+    assert len([m for m in seen if "SAVEPOINT" in m]) == 1, seen
+    assert not [m for m in seen if "RELEASE" in m]
+    if engine.dialect.name == "postgresql":
+        # Each Sync (the extended protocol's) or Query (the simple one's, for COMMIT) is a
+        # wait for the server: one round trip.
+        waits = [m for m in seen if m.split("\t")[2] in ("Sync", "Query")]
+        assert len(waits) == 4, seen
     assert all(_visible(fresh, f"one-{i}") is not None for i in range(3))
 
 

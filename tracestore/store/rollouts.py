@@ -13,12 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
-from sqlalchemy import Connection, Table, bindparam, insert, select, text
+from sqlalchemy import Connection, Table, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from tracestore.db.bulk import allocate_ids, allocate_ids_many, bulk_insert, bulk_insert_all
+from tracestore.db.bulk import (
+    allocate_ids,
+    allocate_ids_many,
+    bulk_insert,
+    bulk_insert_all,
+    open_write,
+    undo_write,
+)
+from tracestore.db.types import pg_safe
 from tracestore.errors import Conflict, TracestoreError
 from tracestore.jsontext import loads_exact
 from tracestore.models import (
@@ -128,19 +136,32 @@ _FIND_RUN = select(
     RUNS.c.correlation_source,
     RUNS.c.trace_kind,
 )
-# Built once: the run_ids of a chunk as one expanding parameter (an `in_()` built per chunk
-# cost ~5% of a group's write in expression building and cache keys).
-_FIND_RUNS = _FIND_RUN.add_columns(RUNS.c.run_id).where(
-    RUNS.c.run_id.in_(bindparam("run_ids", expanding=True))
-)
+
+
+class _StoredRun(NamedTuple):
+    """A stored run as a chunk's look-up finds it (the columns of _FIND_RUN, and run_id)."""
+
+    id: int
+    content_hash: str
+    correlation_id: str | None
+    correlation_source: str | None
+    trace_kind: str | None
+    run_id: str
+
+
+# A chunk's run_ids looked up at once, on the driver (db/bulk.py `open_write`): on
+# PostgreSQL as one array (one statement text whatever the chunk's size).
+_FIND_RUNS_SQL = f"SELECT {', '.join(_StoredRun._fields)} FROM runs WHERE run_id "
+_FIND_RUNS_PG = _FIND_RUNS_SQL + "= ANY(%s)"
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
 # The highest ingest sequence given so far on SQLite, deleted runs' included: else a run
 # stored after the newest was deleted would reuse its sequence, one a lake export has
 # already passed (SQLite's two-argument max() is a scalar).
-MAX_INGEST_SEQ = text(
+MAX_INGEST_SEQ_SQL = (
     "SELECT max(coalesce((SELECT max(ingest_seq) FROM runs), 0), "
     "coalesce((SELECT max(ingest_seq) FROM run_deletions), 0))"
 )
+MAX_INGEST_SEQ = text(MAX_INGEST_SEQ_SQL)
 _RECEIVED = {
     "origin": "received",
     "converter": None,
@@ -291,23 +312,37 @@ def _ingest_seqs(conn: Connection, n: int) -> list[int]:
     return list(range(start + 1, start + 1 + n))
 
 
-def write_many(conn: Connection, items: Sequence[Prepared], received_at: datetime) -> None:
+def _wanted(items: Sequence[Prepared]) -> list[tuple[Table, int]]:
+    """The keys `items` take, per table (runs, trajectories, traces, time steps)."""
+    return [
+        (RUNS, len(items)),
+        (TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)),
+        (TRACES, sum(len(p.rows.traces) for p in items)),
+        (TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces)),
+    ]
+
+
+def write_many(
+    conn: Connection,
+    items: Sequence[Prepared],
+    received_at: datetime,
+    keys: Sequence[Sequence[int]] | None = None,
+    seq_start: int | None = None,
+) -> None:
     """Insert every row of several new rollouts: one bulk write per table for all of them.
 
     Keys are allocated up front for the whole set, so a table is written once per batch
     instead of once per rollout (on PostgreSQL, where the small tables share one round
-    trip: db/bulk.py).
+    trip: db/bulk.py). `keys` (per table of `_wanted`, at least as many as `items` take)
+    and `seq_start` (SQLite's last ingest sequence) when the caller allocated them.
     """
-    run_pks, traj_keys, trace_keys, ts_keys = allocate_ids_many(
-        conn,
-        [
-            (RUNS, len(items)),
-            (TRAJECTORIES, sum(len(p.rows.trajectories) for p in items)),
-            (TRACES, sum(len(p.rows.traces) for p in items)),
-            (TIME_STEPS, sum(len(t.time_steps) for p in items for t in p.rows.traces)),
-        ],
-    )
-    seqs = _ingest_seqs(conn, len(items))
+    if keys is None:
+        keys = allocate_ids_many(conn, _wanted(items))
+        seqs = _ingest_seqs(conn, len(items))
+    else:
+        seqs = [] if seq_start is None else list(range(seq_start + 1, seq_start + 1 + len(items)))
+    run_pks, traj_keys, trace_keys, ts_keys = keys
+    run_pks = run_pks[: len(items)]
     traj_pks, trace_pks, ts_pks = iter(traj_keys), iter(trace_keys), iter(ts_keys)
     out: dict[Table, list[dict[str, Any]]] = {
         t: [] for t in (RUNS, DOCUMENTS, TRAJECTORIES, STEPS, TRACES, TIME_STEPS, EVENTS, MESSAGES)
@@ -349,11 +384,13 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     """Store several prepared rollouts in the caller's transaction, each standing alone.
 
     Fast path: the run_ids are looked up at once and the new rollouts written together
-    (write_many) in one savepoint. If that fails on a constraint (another transaction
-    stored one of the run_ids meanwhile), the savepoint is undone and each rollout goes
-    through store_one, in a savepoint of its own. A run_id twice in one chunk: the
-    later ones also take that path, so they see the first one's row. Any other error
-    is raised (the caller's transaction holds what was written before it).
+    (write_many) after one savepoint (db/bulk.py `open_write`: on PostgreSQL the look-up,
+    the keys and the savepoint are one round trip with the transaction's BEGIN). If that
+    fails on a constraint (another transaction stored one of the run_ids meanwhile), the
+    savepoint is undone and each rollout goes through store_one, in a savepoint of its
+    own. A run_id twice in one chunk: the later ones also take that path, so they see the
+    first one's row. Any other error is raised (the caller's transaction holds what was
+    written before it).
     """
     # Not isolating, every error is raised: the outcomes are all results.
     return cast("list[IngestResult]", _store_many(conn, chunk, isolate=False))
@@ -363,8 +400,7 @@ def store_each(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     """As store_many, but whatever fails is one rollout's own: when the fast path fails
     for any reason, each rollout is stored alone in a savepoint of its own, and one whose
     write fails gets its error as its outcome while the others are stored. What group
-    commit needs (ingest/group.py), without a savepoint around the whole chunk (two round
-    trips per group on PostgreSQL). A lost connection is no rollout's own: it raises."""
+    commit needs (ingest/group.py). A lost connection is no rollout's own: it raises."""
     return _store_many(conn, chunk, isolate=True)
 
 
@@ -372,7 +408,16 @@ def _store_many(
     conn: Connection, chunk: Sequence[Prepared], *, isolate: bool
 ) -> list[IngestResult | Exception]:
     ids = [p.doc["run_id"] for p in chunk]
-    found = {r.run_id: r for r in conn.execute(_FIND_RUNS, {"run_ids": ids})}
+    # The look-up, the keys (for the whole chunk: those of a stored run_id go unused) and
+    # the savepoint of the write, together (one round trip on PostgreSQL).
+    if conn.dialect.name == "postgresql":
+        reads: list[tuple[str, Sequence[Any]]] = [(_FIND_RUNS_PG, [[pg_safe(i) for i in ids]])]
+    else:
+        marks = ", ".join("?" * len(ids))
+        reads = [(f"{_FIND_RUNS_SQL}IN ({marks})", ids), (MAX_INGEST_SEQ_SQL, ())]
+    rows, keys = open_write(conn, reads, _wanted(chunk))
+    found = {r[-1]: _StoredRun(*r) for r in rows[0]}
+    seq_start = rows[1][0][0] if len(rows) > 1 else None
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
     for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
@@ -386,16 +431,18 @@ def _store_many(
             fresh[run_id] = i
     if fresh:
         try:
-            with conn.begin_nested():
-                write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC))
+            # The keys were allocated for the chunk in its order: the fresh ones are
+            # written with the first of them (write_many takes what it needs).
+            write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC), keys, seq_start)
         except IntegrityError:
-            pass  # undone: the slow path below decides each one
+            undo_write(conn)  # the slow path below decides each one
         except Exception:
             if not isolate or conn.invalidated:
                 # A lost connection is every rollout's failure, not one's: the caller
                 # answers it as SQLAlchemy's error (503), nothing of the group committed.
                 raise
-            # Undone (the savepoint), and nothing else was written: each one alone below.
+            # Undone, and nothing else was written: each one alone below.
+            undo_write(conn)
         else:
             for i in fresh.values():
                 results[i] = _created(chunk[i])
