@@ -18,9 +18,9 @@ from typing import Any
 from bench import ingest as ingest_bench
 from bench.common import fresh_database, pg_available
 from bench.corpus import corpus
+from bench.prepare_cost import timed_pass
 from tracestore.db.engine import create_engine
-from tracestore.ingest.parse import parse_json
-from tracestore.ingest.service import cyclic_gc_paused, prepare, store_prepared
+from tracestore.ingest.service import store_prepared
 
 BATCH = 50
 
@@ -28,14 +28,7 @@ BATCH = 50
 def measure(backend: str, docs: Sequence[bytes]) -> dict[str, Any]:
     """Milliseconds per rollout of each ingest stage, and of the floor, on `backend`."""
     n = len(docs)
-    start = time.perf_counter()
-    for raw in docs:
-        parse_json(raw)
-    parse_s = time.perf_counter() - start
-    start = time.perf_counter()
-    with cyclic_gc_paused():  # as ingest_many does across a batch
-        prepared = [prepare(raw) for raw in docs]  # parses again: prepare_s includes parse_s
-    prepare_s = time.perf_counter() - start - parse_s
+    parse_s, prepare_s, prepared = timed_pass(docs)  # one pass (bench.prepare_cost: best of 7)
     with fresh_database(backend) as url:
         engine = create_engine(url)
         start = time.perf_counter()

@@ -244,10 +244,11 @@ def open_write(
     back), allocate keys for `wanted` (as allocate_ids_many) and set the savepoint that
     `undo_write` returns to.
 
-    On PostgreSQL the three go in one pipeline, with the transaction's BEGIN: one round
-    trip where they were four (BEGIN, the read, the keys, SAVEPOINT; and RELEASE after the
-    write), each ~35 us of the worker's CPU and more of the server's. On SQLite on the
-    driver: SQLAlchemy's own cost per statement was a part of a group's fixed cost.
+    On PostgreSQL the three go in one pipeline: one round trip where they were three, and
+    a fourth for the RELEASE after the write, each ~35 us of the worker's CPU and more of
+    the server's (psycopg still waits for the transaction's BEGIN on its own: a pipeline
+    syncs after it). On SQLite on the driver: SQLAlchemy's own cost per statement was a
+    part of a group's fixed cost (bench/README.md item 20).
     """
     keys: list[list[int]] = [[] for _ in wanted]
     asked = _asked(wanted)
