@@ -161,8 +161,9 @@ def driver_messages(engine: Engine) -> Iterator[list[str]]:
 
 def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> None:
     """The group's rollouts share the fast path's one savepoint: none around the whole
-    group, none per rollout; on PostgreSQL the group is four round trips (BEGIN; the
-    look-up, the keys and the savepoint; the rows; COMMIT), where it was seven."""
+    group, none per rollout, never released; on PostgreSQL the group is five round trips
+    (BEGIN; the look-up with the savepoint; the keys; the rows; COMMIT), where it was
+    seven."""
     with driver_messages(engine) as seen:
         outcomes = store_group(engine, [_raw(f"one-{i}") for i in range(3)])
     assert [o.status for o in outcomes if isinstance(o, IngestResult)] == ["created"] * 3
@@ -172,8 +173,22 @@ def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> N
         # Each Sync (the extended protocol's) or Query (the simple one's, for COMMIT) is a
         # wait for the server: one round trip.
         waits = [m for m in seen if m.split("\t")[2] in ("Sync", "Query")]
-        assert len(waits) == 4, seen
+        assert len(waits) == 5, seen
     assert all(_visible(fresh, f"one-{i}") is not None for i in range(3))
+
+
+def test_a_stored_run_id_takes_no_keys(engine: Engine) -> None:
+    """Keys are taken for the rollouts written, not for a post whose run_id is stored or
+    repeated: the next run gets the next key, on PostgreSQL (whose sequences give a value
+    for good) as on SQLite, so the same posts give both databases the same keys."""
+    store_group(engine, [_raw("first")])
+    outcomes = store_group(engine, [_raw("first"), _raw("second"), _raw("second")])
+    statuses = [o.status for o in outcomes if isinstance(o, IngestResult)]
+    assert statuses == ["duplicate", "created", "duplicate"]
+    store_group(engine, [_raw("third")])
+    with engine.connect() as conn:
+        keys = dict(conn.execute(text("SELECT run_id, id FROM runs")).tuples().all())
+    assert [keys["second"], keys["third"]] == [keys["first"] + 1, keys["first"] + 2]
 
 
 def test_a_failing_duplicate_check_fails_only_its_own_post(

@@ -239,23 +239,26 @@ def open_write(
     conn: Connection,
     reads: Sequence[tuple[str, Sequence[Any]]],
     wanted: Sequence[tuple[Table, int]],
-) -> tuple[list[list[tuple[Any, ...]]], list[list[int]]]:
+) -> tuple[list[list[tuple[Any, ...]]], list[list[int]] | None]:
     """Before a bulk write: run `reads` (driver SQL and its parameters; their rows come
-    back), allocate keys for `wanted` (as allocate_ids_many) and set the savepoint that
-    `undo_write` returns to.
+    back) and set the savepoint that `undo_write` returns to; on SQLite also allocate keys
+    for `wanted` (as allocate_ids_many), None on PostgreSQL.
 
-    On PostgreSQL the three go in one pipeline: one round trip where they were three, and
-    a fourth for the RELEASE after the write, each ~35 us of the worker's CPU and more of
-    the server's (psycopg still waits for the transaction's BEGIN on its own: a pipeline
-    syncs after it). On SQLite on the driver: SQLAlchemy's own cost per statement was a
-    part of a group's fixed cost (bench/README.md item 20).
+    On PostgreSQL the reads and the savepoint go in one pipeline: one round trip where
+    they were two, and a third for the RELEASE after the write, each ~35 us of the
+    worker's CPU and more of the server's (psycopg still waits for the transaction's BEGIN
+    on its own: a pipeline syncs after it). Its keys are not taken here: a sequence's
+    values are taken for good, so keys taken before the look-up for a run_id it then finds
+    stored would be lost, and the same rollouts would get other keys than on SQLite. On
+    SQLite, on the driver: SQLAlchemy's own cost per statement was a part of a group's
+    fixed cost (bench/README.md item 20); keys from max(id) take nothing from anyone.
     """
-    keys: list[list[int]] = [[] for _ in wanted]
-    asked = _asked(wanted)
     raw: Any = conn.connection.driver_connection
     with driver_errors(conn, f"SAVEPOINT {WRITE_SAVEPOINT} (with its reads)"):
         if conn.dialect.name != "postgresql":
+            keys: list[list[int]] = [[] for _ in wanted]
             rows = [raw.execute(sql, params).fetchall() for sql, params in reads]
+            asked = _asked(wanted)
             if asked:
                 _sqlite_keys(asked, raw.execute(_sqlite_keys_sql(asked)).fetchone(), keys)
             raw.execute(f"SAVEPOINT {WRITE_SAVEPOINT}")
@@ -266,18 +269,11 @@ def open_write(
                 for sql, params in reads:
                     cursors.append(raw.cursor())
                     cursors[-1].execute(sql, params)
-                if asked:
-                    cursors.append(raw.cursor())
-                    cursors[-1].execute(*_pg_keys_sql(asked))
                 raw.execute(f"SAVEPOINT {WRITE_SAVEPOINT}")
-            rows = [cursor.fetchall() for cursor in cursors]
+            return [cursor.fetchall() for cursor in cursors], None
         finally:
             for cursor in cursors:
                 cursor.close()
-    if asked:
-        for i, key in rows.pop():
-            keys[i].append(key)
-    return rows, keys
 
 
 def undo_write(conn: Connection) -> None:

@@ -334,7 +334,8 @@ def write_many(
     Keys are allocated up front for the whole set, so a table is written once per batch
     instead of once per rollout (on PostgreSQL, where the small tables share one round
     trip: db/bulk.py). `keys` (per table of `_wanted`, at least as many as `items` take)
-    and `seq_start` (SQLite's last ingest sequence) when the caller allocated them.
+    and `seq_start` (SQLite's last ingest sequence) when the caller allocated them
+    (db/bulk.py `open_write`, on SQLite).
     """
     if keys is None:
         keys = allocate_ids_many(conn, _wanted(items))
@@ -384,8 +385,8 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
     """Store several prepared rollouts in the caller's transaction, each standing alone.
 
     Fast path: the run_ids are looked up at once and the new rollouts written together
-    (write_many) after one savepoint (db/bulk.py `open_write`: on PostgreSQL the look-up,
-    the keys and the savepoint are one round trip with the transaction's BEGIN). If that
+    (write_many) after one savepoint (db/bulk.py `open_write`: on PostgreSQL the look-up
+    and the savepoint are one round trip). If that
     fails on a constraint (another transaction stored one of the run_ids meanwhile), the
     savepoint is undone and each rollout goes through store_one, in a savepoint of its
     own. A run_id twice in one chunk: the later ones also take that path, so they see the
@@ -408,8 +409,8 @@ def _store_many(
     conn: Connection, chunk: Sequence[Prepared], *, isolate: bool
 ) -> list[IngestResult | Exception]:
     ids = [p.doc["run_id"] for p in chunk]
-    # The look-up, the keys (for the whole chunk: those of a stored run_id go unused) and
-    # the savepoint of the write, together (one round trip on PostgreSQL).
+    # The look-up and the savepoint of the write together (one round trip on PostgreSQL);
+    # on SQLite the keys too, for the whole chunk (a stored run_id's go unused).
     if conn.dialect.name == "postgresql":
         reads: list[tuple[str, Sequence[Any]]] = [(_FIND_RUNS_PG, [[pg_safe(i) for i in ids]])]
     else:
@@ -431,7 +432,7 @@ def _store_many(
             fresh[run_id] = i
     if fresh:
         try:
-            # The keys were allocated for the chunk in its order: the fresh ones are
+            # SQLite's keys were allocated for the chunk in its order: the fresh ones are
             # written with the first of them (write_many takes what it needs).
             write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC), keys, seq_start)
         except IntegrityError:
