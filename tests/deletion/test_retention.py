@@ -152,7 +152,12 @@ def test_a_dataset_made_during_a_sweep_keeps_its_runs(engine: Engine) -> None:
 def test_a_sweep_beside_live_ingest_deletes_exactly_the_plan(engine: Engine) -> None:
     before = [f"before-{i}" for i in range(120)]
     _store(engine, before)
-    acked: list[tuple[float, str]] = []
+    # (when its write began, when it was acknowledged, run_id): a run acknowledged before
+    # the plan began must be in it; a run whose write began after the plan was made must
+    # not. (Its acknowledgement time alone does not say: the writer can be paused between
+    # its commit and reading the clock while the plan is made, and the failing test saw
+    # it.)
+    acked: list[tuple[float, float, str]] = []
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -161,9 +166,10 @@ def test_a_sweep_beside_live_ingest_deletes_exactly_the_plan(engine: Engine) -> 
         try:
             while not stop.is_set():
                 run_id = f"live-{n}"
+                began = time.monotonic()
                 result = ingest_bytes(engine, _doc(run_id))
                 assert result.status == "created"
-                acked.append((time.monotonic(), run_id))  # acknowledged from here on
+                acked.append((began, time.monotonic(), run_id))  # acknowledged from here on
                 n += 1
         except BaseException as exc:
             failures.append(exc)
@@ -179,25 +185,25 @@ def test_a_sweep_beside_live_ingest_deletes_exactly_the_plan(engine: Engine) -> 
         planned = plan(engine, [Rule("everything", keep_last=0)])
         planned_at = time.monotonic()
         swept = apply(engine, planned, batch_size=16)
-        while len([a for a in acked if a[0] > planned_at]) < 10:
+        while len([a for a in acked if a[0] > planned_at]) < 10:  # began after the plan
             time.sleep(0.01)
     finally:
         stop.set()
         writer.join(timeout=60)
     assert failures == []
     plan_ids = {r.run_id for r in planned.runs}
-    acked_before = {r for t, r in acked if t < started} | set(before)
-    acked_after = {r for t, r in acked if t > planned_at}
+    acked_before = {r for _began, t, r in acked if t < started} | set(before)
+    began_after = {r for began, _t, r in acked if began > planned_at}
     assert acked_before <= plan_ids
-    assert not (acked_after & plan_ids)
+    assert not (began_after & plan_ids)
     assert swept.deleted == len(plan_ids)
     assert swept.gone == 0
     with read_session(engine) as session:
         audit = {a["run_id"] for a in deletions(session, limit=100_000)}
     assert audit == plan_ids
     remaining = _run_ids(engine)
-    assert remaining == {r for _, r in acked} - plan_ids
-    assert acked_after <= remaining
+    assert remaining == {r for _began, _t, r in acked} - plan_ids
+    assert began_after <= remaining
     assert orphans(engine) == {}
 
 

@@ -130,8 +130,10 @@ def test_long_work_shows_a_spinner_on_a_terminal_only(stores: dict[str, Store]) 
     if "sqlite" not in stores:
         pytest.skip("SQLite not selected")
     store = stores["sqlite"]
-    # A live SQLite store is read in a spawned child process: seconds, not milliseconds.
-    query = ["sql", "SELECT count(*) AS n FROM steps", "--db", store.url]
+    # Work that takes well over the spinner's delay (PROGRESS_AFTER_S, 0.5 s) on any
+    # machine: ~2 s here. Reading the store alone took ~0.5 s, and a run that finished
+    # sooner showed no spinner (the test failed on a quiet machine).
+    query = ["sql", "SELECT sum(hash(i)) AS s FROM range(400000000) t(i)", "--db", store.url]
     code, stderr = _run_on_a_terminal(query)
     assert code == 0, stderr
     assert "query" in stderr
