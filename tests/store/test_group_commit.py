@@ -26,10 +26,10 @@ from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
 from tracestore.db.engine import create_engine
 from tracestore.errors import InvalidJSON, InvalidRollout
 from tracestore.ingest.group import EXPECT_FOR, GroupCommit, Outcome, store_group
-from tracestore.ingest.service import ingest_bytes
+from tracestore.ingest.service import ingest_bytes, prepare
 from tracestore.settings import Settings
 from tracestore.store.documents import load_document
-from tracestore.store.rollouts import IngestResult
+from tracestore.store.rollouts import IngestResult, store_many
 
 
 def _raw(run_id: str, reward: float = 1.0) -> bytes:
@@ -139,6 +139,9 @@ def driver_messages(engine: Engine) -> Iterator[list[str]]:
             if sqlite:
                 dbapi_conn.set_trace_callback(seen.append)
                 return
+            # Statement texts in every Parse: psycopg prepares a statement met five times
+            # on a connection and then sends only its name.
+            dbapi_conn.prepare_threshold = None
             dbapi_conn.pgconn.trace(trace.fileno())
             dbapi_conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
@@ -147,6 +150,7 @@ def driver_messages(engine: Engine) -> Iterator[list[str]]:
                 dbapi_conn.set_trace_callback(None)
             else:
                 dbapi_conn.pgconn.untrace()
+                dbapi_conn.prepare_threshold = 5  # psycopg's default, as the engine has it
 
         event.listen(engine.pool, "checkout", checkout)
         event.listen(engine.pool, "checkin", checkin)
@@ -190,6 +194,17 @@ def test_a_stored_run_id_takes_no_keys(engine: Engine) -> None:
         rows = conn.execute(text("SELECT run_id, id FROM runs")).tuples().all()
     keys: dict[str, int] = dict(rows)
     assert [keys["second"], keys["third"]] == [keys["first"] + 1, keys["first"] + 2]
+
+
+def test_a_write_on_a_connection_not_yet_begun_is_committed(engine: Engine, fresh: Engine) -> None:
+    """store_many on a connection whose transaction SQLAlchemy has not begun (it begins at
+    the first statement, and conn.commit() commits it): the group's statements go to the
+    driver, so store_many begins it; else the commit did nothing and the rows were lost."""
+    with engine.connect() as conn:
+        results = store_many(conn, [prepare(_raw("not-begun"))])
+        conn.commit()
+    assert [r.status for r in results] == ["created"]
+    assert _visible(fresh, "not-begun") is not None
 
 
 def test_a_failing_duplicate_check_fails_only_its_own_post(

@@ -253,6 +253,11 @@ def open_write(
     SQLite, on the driver: SQLAlchemy's own cost per statement was a part of a group's
     fixed cost (bench/README.md item 20); keys from max(id) take nothing from anyone.
     """
+    if not conn.in_transaction():
+        # As SQLAlchemy's first statement would (its autobegin): the driver's statements
+        # below do not begin SQLAlchemy's transaction, and SQLite's BEGIN IMMEDIATE (the
+        # write lock the keys rely on) is sent when it begins.
+        conn.begin()
     raw: Any = conn.connection.driver_connection
     with driver_errors(conn, f"SAVEPOINT {WRITE_SAVEPOINT} (with its reads)"):
         if conn.dialect.name != "postgresql":
