@@ -386,12 +386,11 @@ def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult
 
     Fast path: the run_ids are looked up at once and the new rollouts written together
     (write_many) after one savepoint (db/bulk.py `open_write`: on PostgreSQL the look-up
-    and the savepoint are one round trip). If that
-    fails on a constraint (another transaction stored one of the run_ids meanwhile), the
-    savepoint is undone and each rollout goes through store_one, in a savepoint of its
-    own. A run_id twice in one chunk: the later ones also take that path, so they see the
-    first one's row. Any other error is raised (the caller's transaction holds what was
-    written before it).
+    and the savepoint are one round trip). If that fails on a constraint (another
+    transaction stored one of the run_ids meanwhile), the savepoint is undone and each
+    rollout goes through store_one, in a savepoint of its own. A run_id twice in one
+    chunk: the later ones also take that path, so they see the first one's row. Any other
+    error is raised (the caller's transaction holds what was written before it).
     """
     # Not isolating, every error is raised: the outcomes are all results.
     return cast("list[IngestResult]", _store_many(conn, chunk, isolate=False))
@@ -411,12 +410,14 @@ def _store_many(
     ids = [p.doc["run_id"] for p in chunk]
     # The look-up and the savepoint of the write together (one round trip on PostgreSQL);
     # on SQLite the keys too, for the whole chunk (a stored run_id's go unused).
+    wanted: list[tuple[Table, int]] = []  # PostgreSQL's keys come later (open_write)
     if conn.dialect.name == "postgresql":
         reads: list[tuple[str, Sequence[Any]]] = [(_FIND_RUNS_PG, [[pg_safe(i) for i in ids]])]
     else:
         marks = ", ".join("?" * len(ids))
         reads = [(f"{_FIND_RUNS_SQL}IN ({marks})", ids), (MAX_INGEST_SEQ_SQL, ())]
-    rows, keys = open_write(conn, reads, _wanted(chunk))
+        wanted = _wanted(chunk)
+    rows, keys = open_write(conn, reads, wanted)
     found = {r[-1]: _StoredRun(*r) for r in rows[0]}
     seq_start = rows[1][0][0] if len(rows) > 1 else None
     results: list[IngestResult | None] = [None] * len(chunk)
