@@ -191,7 +191,7 @@ def test_a_stored_run_id_takes_no_keys(engine: Engine) -> None:
     assert statuses == ["duplicate", "created", "duplicate"]
     store_group(engine, [_raw("third")])
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT run_id, id FROM runs")).tuples().all()
+        rows = conn.execute(text("SELECT run_id, id FROM runs")).all()
     keys: dict[str, int] = dict(rows)
     assert [keys["second"], keys["third"]] == [keys["first"] + 1, keys["first"] + 2]
 
