@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from tracestore.db import migrate
 from tracestore.db.base import Base
 from tracestore.db.engine import create_engine as store_engine
+from tracestore.db.engine import write_engine
 from tracestore.ingest.service import prepare
 from tracestore.settings import Settings
 from tracestore.store.rollouts import IngestResult, store_many
@@ -197,8 +198,14 @@ def wipe(engine: Engine) -> None:
     DELETE, when there are rows: a DELETE of the parents runs a foreign-key check per row
     over children's dead rows (trace_events.time_step_pk has no index), which took tens
     of seconds after the backfill tests.
+
+    On SQLite the transaction takes the write lock up front (BEGIN IMMEDIATE): begun
+    deferred, its first read fixed a snapshot, and a write committed by anyone else before
+    its first DELETE (a live server flushing its legacy-read counts) made that DELETE fail
+    at once with "database is locked", no busy wait (SQLite cannot move a reader's
+    snapshot forward into a write). That failed one teardown in a full run.
     """
-    with engine.begin() as conn:
+    with write_engine(engine).begin() as conn:
         if not _nonempty_tables(conn):
             return
         tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
