@@ -21,6 +21,9 @@ INSTANT = datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=UTC)
         "datetime.datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=datetime.timezone.utc)",
         "datetime.datetime(2025, 11, 20, 13, 59, 59, 123456, "
         "tzinfo=datetime.timezone(datetime.timedelta(seconds=7200)))",
+        # Spacing and a trailing comma, as a hand-written repr may have them.
+        "datetime.datetime(2025,11,20,11,59,59,123456,tzinfo = datetime.timezone.utc)",
+        "datetime.datetime(2025, 11, 20, 11, 59, 59, 123456,)",
         INSTANT.timestamp(),
     ],
 )
@@ -47,7 +50,20 @@ def test_naive_text_is_read_as_utc() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [None, "", "   ", "yesterday", "datetime.datetime(oops)", True, [], {}, float("nan")]
+    "value",
+    [
+        None,
+        "",
+        "   ",
+        "yesterday",
+        "datetime.datetime(oops)",
+        "datetime.datetime(20 25, 1, 1)",  # digits, but not a number
+        "datetime.datetime(2025, 1)",  # too few fields
+        True,
+        [],
+        {},
+        float("nan"),
+    ],
 )
 def test_null_and_unparseable_give_none(value: object) -> None:
     assert parse_datetime(value) is None

