@@ -195,7 +195,12 @@ class Settings(BaseSettings):
     group_commit_max_rollouts: int = Field(
         default=64,
         gt=0,
-        description="Most single posts sharing one transaction (1: each post alone).",
+        # A group's look-up names each run_id as one SQLite parameter: 999 is the fewest
+        # any SQLite allows a statement (its limit before 3.32), so every group fits.
+        le=999,
+        description=(
+            "Most single posts sharing one transaction (1: each post alone; at most 999)."
+        ),
     )
 
     retention_rules: list[RetentionRuleSetting] = Field(

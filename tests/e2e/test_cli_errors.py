@@ -263,3 +263,21 @@ def test_the_console_script_itself(place: Path) -> None:
         assert "Traceback" not in done.stderr, (args, done.stderr)
         assert "Aborted" not in done.stderr, (args, done.stderr)
         assert expect in done.stderr, (args, done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("value", "expect"),
+    [("0", "greater than 0"), ("1000", "less than or equal to 999"), ("many", "valid integer")],
+)
+@pytest.mark.parametrize(
+    "verb", [["serve", "--port", "1"], ["demo"], ["ingest", "-"]], ids=lambda v: v[0]
+)
+def test_a_bad_setting_is_named_in_one_line_by_every_verb(
+    place: Path, monkeypatch: pytest.MonkeyPatch, verb: list[str], value: str, expect: str
+) -> None:
+    # `serve` and `demo` said "internal error: InvalidRequest: ..." for a bad setting.
+    monkeypatch.setenv("TRACESTORE_GROUP_COMMIT_MAX_ROLLOUTS", value)
+    one_line_error([*verb, "--db", _db(place / "store.db")], "TRACESTORE_GROUP_COMMIT_MAX_ROLLOUTS")
+    done = CliRunner().invoke(app, [*verb, "--db", _db(place / "store.db")])
+    assert expect in done.stderr
+    assert "internal error" not in done.stderr

@@ -258,6 +258,12 @@ class TracestoreGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException, BrokenPipeError):
             # Exits, usage errors and a closed stdout (`| head`): Typer handles them.
             raise
+        except TracestoreError as exc:
+            # An error meant for the user that the verb did not report itself (a bad
+            # TRACESTORE_* setting read by `serve`, say): its message, not "internal error".
+            if os.environ.get(DEBUG_ENV):
+                raise
+            fail(str(exc))
         except Exception as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
