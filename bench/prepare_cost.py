@@ -8,7 +8,11 @@ documents again, the GC paused as ingest pauses it, and the best and median pass
 reported, with parse alone (orjson) for scale.
 
     .venv/bin/python -m bench.prepare_cost [--corpus multi|single] [--rollouts 200]
-                                           [--passes 7]
+                                           [--passes 7] [--stages]
+
+`--stages` also times prepare's own calls one by one (validation, correlation, the trace's
+view, projection, drift comparison and reproduction check, content hash): where a
+rollout's prepare goes.
 
 To compare another tree (a `git worktree`), run this file as a script with that tree on
 the path: `cd TREE && PYTHONPATH=TREE /work/main/.venv/bin/python
@@ -25,9 +29,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.corpus import corpus
-from tracestore.ingest.parse import parse_json
+from tracestore.correlation import resolve_correlation
+from tracestore.drift.rows import drift_rows
+from tracestore.ingest.parse import parse_json, validate_rollout
+from tracestore.ingest.project import project_rollout
 from tracestore.ingest.service import cyclic_gc_paused, prepare
+from tracestore.store.documents import content_hash
 from tracestore.store.rollouts import Prepared
+from tracestore.wire.trace import reusing_views, view_trace
+
+STAGES = ("validate", "correlation", "view", "project", "drift", "hash")
 
 
 def timed_pass(docs: Sequence[bytes]) -> tuple[float, float, list[Prepared]]:
@@ -64,6 +75,42 @@ def measure(kind: str, rollouts: int, passes: int) -> dict[str, Any]:
     }
 
 
+def stage_times(kind: str, rollouts: int, passes: int) -> dict[str, float]:
+    """Milliseconds per rollout of each of prepare's own calls, best of `passes`: as
+    `prepare` makes them, the view read first (projection and drift then reuse it)."""
+    raws = corpus(kind, rollouts)
+    docs = [parse_json(raw) for raw in raws]
+    best = dict.fromkeys(STAGES, float("inf"))
+    for _ in range(passes):
+        spent = dict.fromkeys(STAGES, 0.0)
+        with cyclic_gc_paused():
+            for raw, doc in zip(raws, docs, strict=True):
+                t0 = time.perf_counter()
+                valid = validate_rollout(doc)
+                t1 = time.perf_counter()
+                resolution = resolve_correlation(valid)
+                t2 = time.perf_counter()
+                with reusing_views():
+                    trace = valid.get("trace")
+                    if isinstance(trace, dict):
+                        view_trace(trace)
+                    t3 = time.perf_counter()
+                    project_rollout(valid, resolution)
+                    t4 = time.perf_counter()
+                    drift_rows(valid, resolution)
+                    t5 = time.perf_counter()
+                content_hash(raw)
+                t6 = time.perf_counter()
+                for name, took in zip(
+                    STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True
+                ):
+                    spent[name] += took
+        gc.collect()
+        for name in STAGES:
+            best[name] = min(best[name], spent[name] * 1000 / rollouts)
+    return best
+
+
 def main() -> None:
     """Command line entry point: one line per corpus."""
     parser = argparse.ArgumentParser(
@@ -72,6 +119,7 @@ def main() -> None:
     parser.add_argument("--corpus", choices=["multi", "single"], action="append")
     parser.add_argument("--rollouts", type=int, default=200)
     parser.add_argument("--passes", type=int, default=7)
+    parser.add_argument("--stages", action="store_true", help="also time each stage")
     args = parser.parse_args()
     for kind in args.corpus or ["multi", "single"]:
         r = measure(kind, args.rollouts, args.passes)
@@ -80,6 +128,9 @@ def main() -> None:
             f"{r['prepare_median_ms']:.3f} ms a rollout ({r['passes']} passes of "
             f"{r['rollouts']}); parse best {r['parse_best_ms']:.3f} ms"
         )
+        if args.stages:
+            stages = stage_times(kind, args.rollouts, args.passes)
+            print("  stages, best: " + ", ".join(f"{k} {v:.3f} ms" for k, v in stages.items()))
 
 
 if __name__ == "__main__":
