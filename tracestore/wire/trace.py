@@ -212,14 +212,17 @@ def _event_time_of(item: object) -> object:
 
 
 def _match_key(item: object) -> object:
-    # Cheap, hashable pre-filter; equality of the whole object confirms a match. Values
-    # that cannot be hashed (lists, objects) fall back to their repr.
-    if type(item) is dict:  # the common case, without the Mapping ABC's cost
-        meta = item.get("metadata")
+    # Cheap, hashable pre-filter; equality of the whole object confirms a match. Equal
+    # items must get equal keys (`_place_in_order` pairs by equality alone and must agree
+    # with the keyed search): values that cannot be hashed (objects, lists) are keyed by
+    # an equal-preserving hashable form, not by their repr (`{"a": 1, "b": 2}` and
+    # `{"b": 2, "a": 1}` are equal, their reprs are not).
+    if type(item) is dict and type(item.get("metadata")) is dict:
+        # The common case, without the Mapping ABC's cost.
         record = item.get("time_record")
         key: object = (
-            meta.get("step_id") if type(meta) is dict else None,
-            record.get("event_time") if type(record) is dict else None,
+            item["metadata"].get("step_id"),
+            record.get("event_time") if type(record) is dict else _event_time_of(item),
             item.get("system_instance_id"),
         )
     else:
@@ -228,8 +231,24 @@ def _match_key(item: object) -> object:
     try:
         hash(key)
     except TypeError:
-        return repr(key)
+        key = _hashable(key)
+        try:
+            hash(key)
+        except TypeError:  # not JSON (a set, an object): equality alone decides
+            return _UNHASHABLE
     return key
+
+
+_UNHASHABLE = object()
+
+
+def _hashable(value: object) -> object:
+    """A hashable form of a JSON value, equal for equal values (objects in any key order)."""
+    if isinstance(value, Mapping):
+        return frozenset((k, _hashable(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 @dataclass(slots=True)
@@ -283,9 +302,7 @@ def _place_in_order(
 
     Then each step item's copy is the history item at its own position, the one
     `_place_by_key` finds (the first unused equal item), with no key built: the keys were
-    about a third of reading a trace. (Equal items whose keys hold an unhashable value
-    written differently, `{"a": 1, "b": 2}` and `{"b": 2, "a": 1}`, are paired here where
-    the keyed search, comparing such keys by their repr, leaves them apart.)
+    about a third of reading a trace.
     """
     placed: list[Placed] = []
     h = 0
