@@ -263,7 +263,8 @@ class TracestoreGroup(TyperGroup):
             # TRACESTORE_* setting read by `serve`, say): its message, not "internal error".
             if os.environ.get(DEBUG_ENV):
                 raise
-            fail(str(exc))
+            # As reported_errors: a store behind the code's schema is a failed check.
+            fail(str(exc), code=1 if isinstance(exc, SchemaOutOfDate) else 2)
         except Exception as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
