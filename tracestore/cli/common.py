@@ -254,17 +254,13 @@ class TracestoreGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         """Run the verb; anything it did not report itself ends as one line."""
         try:
-            return super().invoke(ctx)
+            # An error meant for the user that the verb did not report itself (a bad
+            # TRACESTORE_* setting read by `serve`, say): as every verb reports it.
+            with reported_errors():
+                return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException, BrokenPipeError):
             # Exits, usage errors and a closed stdout (`| head`): Typer handles them.
             raise
-        except TracestoreError as exc:
-            # An error meant for the user that the verb did not report itself (a bad
-            # TRACESTORE_* setting read by `serve`, say): its message, not "internal error".
-            if os.environ.get(DEBUG_ENV):
-                raise
-            # As reported_errors: a store behind the code's schema is a failed check.
-            fail(str(exc), code=1 if isinstance(exc, SchemaOutOfDate) else 2)
         except Exception as exc:
             if os.environ.get(DEBUG_ENV):
                 raise

@@ -195,39 +195,17 @@ class EnvStep:
         return time_step_observation(self.messages)
 
 
-def _step_id_of(item: object) -> object:
-    if isinstance(item, Mapping):
-        meta = item.get("metadata")
-        if isinstance(meta, Mapping):
-            return meta.get("step_id")
-    return None
-
-
-def _event_time_of(item: object) -> object:
-    if isinstance(item, Mapping):
-        record = item.get("time_record")
-        if isinstance(record, Mapping):
-            return record.get("event_time")
-    return None
-
-
 def _match_key(item: object) -> object:
     # Cheap, hashable pre-filter; equality of the whole object confirms a match. Equal
     # items must get equal keys (`_place_in_order` pairs by equality alone and must agree
     # with the keyed search): values that cannot be hashed (objects, lists) are keyed by
     # an equal-preserving hashable form, not by their repr (`{"a": 1, "b": 2}` and
     # `{"b": 2, "a": 1}` are equal, their reprs are not).
-    if type(item) is dict and type(item.get("metadata")) is dict:
-        # The common case, without the Mapping ABC's cost.
-        record = item.get("time_record")
-        key: object = (
-            item["metadata"].get("step_id"),
-            record.get("event_time") if type(record) is dict else _event_time_of(item),
-            item.get("system_instance_id"),
-        )
-    else:
-        sid = item.get("system_instance_id") if isinstance(item, Mapping) else None
-        key = (_step_id_of(item), _event_time_of(item), sid)
+    key: object = (
+        _get(_get(item, "metadata"), "step_id"),
+        _get(_get(item, "time_record"), "event_time"),
+        _get(item, "system_instance_id"),
+    )
     try:
         hash(key)
     except TypeError:
