@@ -18,8 +18,12 @@ reading, so two writers never deadlock upgrading a read lock) and `busy_timeout=
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -254,3 +258,55 @@ def test_a_writer_held_up_past_the_busy_timeout_gets_503_not_500(tmp_path: Path)
     assert response.status_code == 503, response.text
     assert response.headers.get("retry-after")
     assert is_error_shape(response.json())
+
+
+# A write transaction of another tracestore process, which then stops (SIGSTOP: a
+# debugger, a suspended shell job) with the write queue and SQLite's write lock held.
+_STOPPED_HOLDER = """
+import sys
+from sqlalchemy import text
+from tracestore.db.engine import create_engine, write_engine
+conn = write_engine(create_engine(sys.argv[1])).connect()
+conn.begin()
+conn.execute(text("SELECT 1"))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_writer_stopped_with_the_queue_held_gets_503_not_a_hang(tmp_path: Path) -> None:
+    """A post waits for the write queue at most the busy timeout (`?timeout=1`): 503 with
+    Retry-After and nothing stored while the holder is stopped; once it is gone, the same
+    post is created."""
+    db = tmp_path / "store.db"
+    url = f"sqlite:///{db}?timeout=1"
+    body = RolloutFactory("stopped-holder").make()
+    run_id = run_id_of(body)
+    with ServerProcess(url, tmp_path / "server.log") as server:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _STOPPED_HOLDER, url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == b"held\n"
+            holder.send_signal(signal.SIGSTOP)
+            with httpx.Client(base_url=server.url, timeout=20) as http:
+                started = time.monotonic()
+                refused = http.post("/v1/rollouts", content=body)
+                waited = time.monotonic() - started
+                assert refused.status_code == 503, refused.text
+                assert refused.headers.get("retry-after")
+                assert is_error_shape(refused.json())
+                assert "database is locked" not in refused.text
+                assert waited < 10, waited
+                assert http.get(f"/v1/rollouts/{run_id}").status_code == 404
+        finally:
+            holder.send_signal(signal.SIGCONT)
+            holder.kill()
+            holder.wait(10)
+        with httpx.Client(base_url=server.url, timeout=20) as http:
+            created = http.post("/v1/rollouts", content=body)
+            assert created.status_code == 201, created.text
+            assert http.get(f"/v1/rollouts/{run_id}").status_code == 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
+from tracestore.db import engine as engine_module
 from tracestore.db.engine import create_engine, write_engine
 from tracestore.db.uow import write_session
 
@@ -143,3 +145,92 @@ def test_an_invalidated_connection_releases_the_queue(store: tuple[Engine, Path]
         assert not is_free(lock)
         conn.invalidate()
         assert is_free(lock)
+
+
+def _write_in_thread(engine: Engine, value: int) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            with write_session(engine) as session:
+                session.execute(text(f"INSERT INTO t VALUES ({value})"))
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append("written")
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _freed_within(path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if is_free(path):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_writer_gives_up_on_a_queue_held_past_its_busy_timeout(tmp_path: Path) -> None:
+    """A holder that never lets go (a stopped process): 'database is locked' after the
+    busy timeout, as SQLite's own busy wait says, not a wait without end; once the holder
+    lets go the queue is free again and the same engine writes."""
+    db = tmp_path / "store.db"
+    engine = create_engine(f"sqlite:///{db}?timeout=0.5")
+    lock = Path(f"{db}-writer")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        with lock_file(lock) as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            started = time.monotonic()
+            writer, outcome = _write_in_thread(engine, 1)
+            writer.join(15)
+            waited = time.monotonic() - started
+            assert not writer.is_alive(), "the writer waited past its busy timeout"
+            assert isinstance(outcome[0], OperationalError), outcome
+            assert "database is locked" in str(outcome[0])
+            assert 0.5 <= waited < 5, waited
+        # The given-up wait's thread takes the lock as the holder lets go and drops it.
+        assert _freed_within(lock, 5), "a given-up wait kept the queue"
+        writer, outcome = _write_in_thread(engine, 2)
+        writer.join(15)
+        assert outcome == ["written"]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT x FROM t")).scalars().all() == [2]
+        assert is_free(lock)
+    finally:
+        engine.dispose()
+
+
+def test_waits_given_up_before_a_waiter_thread_was_free_leave_the_queue_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One waiter thread, three writers behind a held queue: all three give up on time
+    (two never reached a thread), and none of them holds the queue afterwards."""
+    monkeypatch.setattr(engine_module, "LOCK_WAITER_THREADS", 1)
+    monkeypatch.setattr(engine_module, "_WAITERS", engine_module._Waiters())
+    db = tmp_path / "store.db"
+    engines = [create_engine(f"sqlite:///{db}?timeout=0.3") for _ in range(3)]
+    lock = Path(f"{db}-writer")
+    try:
+        with engines[0].begin() as conn:
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        with lock_file(lock) as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            writers = [_write_in_thread(engine, n) for n, engine in enumerate(engines)]
+            for thread, _ in writers:
+                thread.join(15)
+            assert [thread.is_alive() for thread, _ in writers] == [False] * 3
+            for _, outcome in writers:
+                assert isinstance(outcome[0], OperationalError), outcome
+            assert engine_module._WAITERS.threads == 1
+        assert _freed_within(lock, 5), "a given-up wait kept the queue"
+        writer, outcome = _write_in_thread(engines[2], 7)
+        writer.join(15)
+        assert outcome == ["written"]
+    finally:
+        for engine in engines:
+            engine.dispose()

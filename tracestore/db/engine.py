@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import select
+import sqlite3
 import threading
 import time
 import weakref
@@ -13,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 from tracestore.db.types import json_dumps, json_dumps_pg, json_loads
@@ -63,7 +66,9 @@ class WriterQueue:
     transaction commits or rolls back. Writers that do not queue here (another program,
     the sqlite3 shell) still meet SQLite's busy wait; a writer that queued longer than
     WRITER_PATIENCE_S is given only what is left of the busy timeout for that wait, so a
-    queue behind a foreign writer ends within about one busy timeout, as before.
+    queue behind a foreign writer ends within about one busy timeout, as before. A writer
+    whose queue does not move for the whole busy timeout (its holder stopped) gives up
+    with SQLite's own 'database is locked' (`_TakeTurn`).
     """
 
     def __init__(self, database: str, busy_timeout: float) -> None:
@@ -90,7 +95,12 @@ class WriterQueue:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks in the kernel, GIL released
+            if not _TakeTurn(fd).wait(self.busy_timeout):
+                # The lock file's description now belongs to the waiting thread (which
+                # closes it, releasing the lock it may yet take): this connection opens
+                # another next time.
+                del info[_WRITER_FD]
+                raise _queue_timeout(self.busy_timeout) from None
         info[_WRITER_HELD] = holder
         _HOLDERS.add(holder)
         waited = time.monotonic() - started
@@ -144,6 +154,108 @@ class WriterQueue:
         setattr(dialect, _WRITER_QUEUE, self)
         event.listen(engine.pool, "close", _writer_connection_closed)
         event.listen(engine.pool, "invalidate", _writer_connection_closed)
+
+
+class _TakeTurn:
+    """One writer's wait for the queue, with a deadline.
+
+    flock has no timeout, and a thread blocked in it cannot be woken: a holder stopped
+    (SIGSTOP, a debugger) would keep every writer waiting past the busy timeout, where
+    SQLite's own busy wait gives up ('database is locked', a 503). So a contended wait
+    blocks in a waiter thread while the writer waits on an event with the deadline; a
+    wait given up hands the file description to that thread, which closes it (releasing
+    the lock at once) if it ever gets its turn. The hand-off costs two thread wake-ups
+    per contended transaction (a group of posts, a batch), not per rollout.
+    """
+
+    __slots__ = ("abandoned", "fd", "mutex", "taken", "turn")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mutex = threading.Lock()
+        self.taken = False
+        self.abandoned = False
+        self.turn = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the lock was taken on `fd` within `timeout` seconds."""
+        _WAITERS.submit(self)
+        if self.turn.wait(timeout):
+            return True
+        with self.mutex:
+            if self.taken:  # taken just as the wait ran out
+                return True
+            self.abandoned = True
+        return False
+
+    def take(self) -> None:
+        """Block until the lock is taken, then hand it over (or drop it: given up)."""
+        with self.mutex:
+            if self.abandoned:  # given up before a waiter thread was free
+                os.close(self.fd)
+                return
+        fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks in the kernel, GIL released
+        with self.mutex:
+            if self.abandoned:
+                os.close(self.fd)  # the writer gave up: let the next one go
+                return
+            self.taken = True
+        self.turn.set()
+
+
+class _Waiters:
+    """Daemon threads that block in flock for this process's writers, started as needed.
+
+    Daemon threads: one blocked behind a stopped holder must not keep the process from
+    exiting. Past LOCK_WAITER_THREADS, waits queue for a thread (and still give up at
+    their deadline).
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_TakeTurn] = queue.SimpleQueue()
+        self.mutex = threading.Lock()
+        self.threads = self.idle = self.queued = 0
+
+    def submit(self, turn: _TakeTurn) -> None:
+        """Have a waiter thread take `turn`."""
+        with self.mutex:
+            self.queued += 1
+            if self.queued > self.idle and self.threads < LOCK_WAITER_THREADS:
+                self.threads += 1
+                threading.Thread(target=self._run, name="tracestore-queue", daemon=True).start()
+        self.jobs.put(turn)
+
+    def _run(self) -> None:
+        while True:
+            with self.mutex:
+                self.idle += 1
+            turn = self.jobs.get()
+            with self.mutex:
+                self.idle -= 1
+                self.queued -= 1
+            turn.take()
+
+
+LOCK_WAITER_THREADS = 16
+_WAITERS = _Waiters()
+
+
+def _fresh_waiters() -> None:
+    # A forked child has none of its parent's threads.
+    global _WAITERS
+    _WAITERS = _Waiters()
+
+
+os.register_at_fork(after_in_child=_fresh_waiters)
+
+
+def _queue_timeout(timeout: float) -> OperationalError:
+    # What SQLite's busy wait raises when it runs out, so every caller (the API's 503
+    # database_unavailable, the CLI's message) treats a queue that did not move alike.
+    orig = sqlite3.OperationalError(
+        f"database is locked: another writer held the write queue for over {timeout:g} s"
+    )
+    return OperationalError("BEGIN IMMEDIATE", None, orig)
 
 
 # (lock file, thread) of the writers of this process holding a queue's lock: a thread
