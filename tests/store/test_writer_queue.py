@@ -208,10 +208,12 @@ def test_a_writer_gives_up_on_a_queue_held_past_its_busy_timeout(tmp_path: Path)
 def test_waits_given_up_before_a_waiter_thread_was_free_leave_the_queue_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One waiter thread, three writers behind a held queue: all three give up on time
-    (two never reached a thread), and none of them holds the queue afterwards."""
+    """One waiter thread, three writers behind a held queue: all three give up on time,
+    the two that never reached the thread close their lock file at once (descriptions do
+    not pile up behind a holder that stays stopped), and none holds the queue afterwards."""
     monkeypatch.setattr(engine_module, "LOCK_WAITER_THREADS", 1)
-    monkeypatch.setattr(engine_module, "_WAITERS", engine_module._Waiters())
+    waiters = engine_module._Waiters()
+    monkeypatch.setattr(engine_module, "_WAITERS", waiters)
     db = tmp_path / "store.db"
     engines = [create_engine(f"sqlite:///{db}?timeout=0.3") for _ in range(3)]
     lock = Path(f"{db}-writer")
@@ -220,17 +222,40 @@ def test_waits_given_up_before_a_waiter_thread_was_free_leave_the_queue_free(
             conn.execute(text("CREATE TABLE t (x INTEGER)"))
         with lock_file(lock) as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            before = _lock_files_open(lock)
             writers = [_write_in_thread(engine, n) for n, engine in enumerate(engines)]
             for thread, _ in writers:
                 thread.join(15)
             assert [thread.is_alive() for thread, _ in writers] == [False] * 3
             for _, outcome in writers:
                 assert isinstance(outcome[0], OperationalError), outcome
-            assert engine_module._WAITERS.threads == 1
+            assert waiters.threads == 1
+            # Each engine opened one description; only the turn on the waiter thread,
+            # blocked in flock, still has its own (plus ours).
+            assert _lock_files_open(lock) == before + 1
         assert _freed_within(lock, 5), "a given-up wait kept the queue"
+        # The waiter thread closes its description just after it lets the lock go.
+        deadline = time.monotonic() + 5
+        while _lock_files_open(lock) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _lock_files_open(lock) == 0
+        with waiters.mutex:
+            assert (waiters.queued, waiters.idle, waiters.threads) == (0, 1, 1)
         writer, outcome = _write_in_thread(engines[2], 7)
         writer.join(15)
         assert outcome == ["written"]
     finally:
         for engine in engines:
             engine.dispose()
+
+
+def _lock_files_open(lock: Path) -> int:
+    """How many of this process's file descriptors are open on the queue's lock file."""
+    count = 0
+    for entry in Path("/proc/self/fd").iterdir():
+        try:
+            if os.readlink(entry) == str(lock):
+                count += 1
+        except OSError:  # closed meanwhile
+            continue
+    return count

@@ -95,11 +95,16 @@ class WriterQueue:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if not _TakeTurn(fd).wait(self.busy_timeout):
-                # The lock file's description now belongs to the waiting thread (which
-                # closes it, releasing the lock it may yet take): this connection opens
-                # another next time.
-                del info[_WRITER_FD]
+            turn = _TakeTurn(fd)
+            try:
+                turn.wait(self.busy_timeout)
+            finally:
+                if not turn.taken:
+                    # Given up (timed out, interrupted) or failed: the lock file's
+                    # description is the turn's to close now (it may yet take the lock);
+                    # this connection opens another next time.
+                    del info[_WRITER_FD]
+            if not turn.taken:
                 raise _queue_timeout(self.busy_timeout) from None
         info[_WRITER_HELD] = holder
         _HOLDERS.add(holder)
@@ -126,8 +131,11 @@ class WriterQueue:
         holder = info.pop(_WRITER_HELD, None)
         if holder is not None:
             _HOLDERS.discard(holder)
+            # Not left to the close: a forked child's copy of the description would keep
+            # the lock held until it exits.
+            fcntl.flock(fd, fcntl.LOCK_UN)
         if fd is not None:
-            os.close(fd)  # releases the lock too
+            os.close(fd)
 
     def install(self, engine: Engine) -> None:
         """Queue `engine`'s BEGIN IMMEDIATE transactions here, released once they end."""
@@ -162,45 +170,63 @@ class _TakeTurn:
     flock has no timeout, and a thread blocked in it cannot be woken: a holder stopped
     (SIGSTOP, a debugger) would keep every writer waiting past the busy timeout, where
     SQLite's own busy wait gives up ('database is locked', a 503). So a contended wait
-    blocks in a waiter thread while the writer waits on an event with the deadline; a
-    wait given up hands the file description to that thread, which closes it (releasing
-    the lock at once) if it ever gets its turn. The hand-off costs two thread wake-ups
-    per contended transaction (a group of posts, a batch), not per rollout.
+    blocks in a waiter thread while the writer waits on an event with the deadline. The
+    hand-off costs two thread wake-ups per contended transaction (a group of posts, a
+    batch), not per rollout.
+
+    Who closes the lock file's description when the turn is not taken: the writer, if it
+    gave up before a waiter thread started on the turn (so descriptions do not pile up
+    behind a holder that stays stopped); else the waiter thread, once its flock returns.
     """
 
-    __slots__ = ("abandoned", "fd", "mutex", "taken", "turn")
+    __slots__ = ("abandoned", "error", "fd", "mutex", "started", "taken", "turn")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.mutex = threading.Lock()
-        self.taken = False
-        self.abandoned = False
+        self.started = self.taken = self.abandoned = False
+        self.error: OSError | None = None
         self.turn = threading.Event()
 
-    def wait(self, timeout: float) -> bool:
-        """Whether the lock was taken on `fd` within `timeout` seconds."""
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the lock on `fd`; `taken` says whether it came.
+
+        Raises what flock raised, if it failed.
+        """
         _WAITERS.submit(self)
-        if self.turn.wait(timeout):
-            return True
-        with self.mutex:
-            if self.taken:  # taken just as the wait ran out
-                return True
-            self.abandoned = True
-        return False
+        close = False
+        try:
+            self.turn.wait(timeout)
+        finally:
+            with self.mutex:
+                if not self.taken:  # ran out or interrupted (or failed): give it up
+                    self.abandoned = True
+                    close = not self.started
+            if close:
+                os.close(self.fd)
+        if self.error is not None:
+            raise self.error
 
     def take(self) -> None:
         """Block until the lock is taken, then hand it over (or drop it: given up)."""
         with self.mutex:
-            if self.abandoned:  # given up before a waiter thread was free
-                os.close(self.fd)
+            if self.abandoned:  # given up before a waiter thread was free: closed
                 return
-        fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks in the kernel, GIL released
+            self.started = True
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks in the kernel, GIL released
+        except OSError as exc:
+            self.error = exc
+            os.close(self.fd)
+            self.turn.set()
+            return
         with self.mutex:
-            if self.abandoned:
-                os.close(self.fd)  # the writer gave up: let the next one go
-                return
-            self.taken = True
-        self.turn.set()
+            self.taken = not self.abandoned
+        if self.taken:
+            self.turn.set()
+            return
+        fcntl.flock(self.fd, fcntl.LOCK_UN)  # the writer gave up: let the next one go
+        os.close(self.fd)
 
 
 class _Waiters:
@@ -226,14 +252,18 @@ class _Waiters:
         self.jobs.put(turn)
 
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self.mutex:
+                    self.idle += 1
+                turn = self.jobs.get()
+                with self.mutex:
+                    self.idle -= 1
+                    self.queued -= 1
+                turn.take()
+        finally:  # only for an error take() does not expect: the count stays true
             with self.mutex:
-                self.idle += 1
-            turn = self.jobs.get()
-            with self.mutex:
-                self.idle -= 1
-                self.queued -= 1
-            turn.take()
+                self.threads -= 1
 
 
 LOCK_WAITER_THREADS = 16
