@@ -116,3 +116,32 @@ def test_a_wrapped_trace_names_the_env(
     if env_ids:
         assert list(_listed(http, env_id=env_ids[0])) == ["wrapped"]
         assert list(_listed(http, policy_id="wrapped-pol")) == ["wrapped"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "env_ids", "policy_id"),
+    [
+        # synth-ai's traces: its `filter` reads these names.
+        ({"env_name": "crafter", "policy_name": "crafter-react"}, ["crafter"], "crafter-react"),
+        ({"env_id": None, "env_name": "crafter", "policy_name": "p"}, ["crafter"], "p"),
+        # The id, when there is one, wins over the name.
+        ({"env_id": "own", "env_name": "crafter", "policy_id": "pid"}, ["own"], "pid"),
+        ({"env_name": 7}, [], None),  # not a string: not an identifier
+    ],
+    ids=["names", "null id", "id and name", "number"],
+)
+def test_a_trace_names_the_env_as_synth_ai_does(
+    http: httpx.Client, metadata: Any, env_ids: list[str], policy_id: str | None
+) -> None:
+    """A trace-only run whose trace names env and policy `env_name` / `policy_name` is found
+    by `?env_id=` / `?policy_id=`, as the converter reads the same names."""
+    response = http.post("/v1/rollouts", content=orjson.dumps(_wrapped("named", metadata)))
+    assert response.status_code == 201, response.text
+    assert _listed(http)["named"]["env_ids"] == env_ids
+    if env_ids:
+        assert list(_listed(http, env_id=env_ids[0])) == ["named"]
+    if policy_id is not None:
+        assert list(_listed(http, policy_id=policy_id)) == ["named"]
+    converted = http.get("/v1/rollouts/named/trajectories")
+    assert converted.status_code == 200, converted.text
+    assert [t["env_id"] for t in converted.json()][:1] == (env_ids or [""])

@@ -206,3 +206,71 @@ def test_upgrading_summarizes_stored_runs_from_their_traces(fresh: str) -> None:
     with engine.connect() as conn:
         assert [tuple(r) for r in conn.execute(columns)] == at_ingest
     engine.dispose()
+
+
+def test_upgrading_names_runs_from_their_trace_names(fresh: str, backend: str) -> None:
+    """0007 takes runs.env_id / policy_id from the trace metadata's env_name / policy_name
+    for runs already stored, as ingest now does for new ones; downgrading unsets exactly
+    those."""
+    from sqlalchemy import select
+
+    from tests.conftest import minimal_rollout
+    from tracestore.ingest.service import ingest_many
+    from tracestore.models import Run
+
+    engine = create_engine(fresh)
+    migrate.upgrade(engine)
+    metadatas: list[object] = [
+        {"env_name": "crafter", "policy_name": "crafter-react"},
+        {"env_id": None, "env_name": "n\u0000l", "policy_id": "own", "policy_name": "x"},
+        {"env_id": "own", "env_name": "crafter"},
+        {"env_name": "x" * 1025, "policy_name": 3},
+        {"env_id": 7, "env_name": "crafter"},  # present, not an id: the name is not taken
+        ["not", "an", "object"],
+    ]
+    docs = [
+        minimal_rollout(
+            f"names-{i}",
+            trajectories=[],
+            trace={"session_id": "s", "session_time_steps": [], "metadata": metadata},
+        )
+        for i, metadata in enumerate(metadatas)
+    ]
+    # A trajectory's own ids come first, whatever the trace names.
+    docs.append(
+        minimal_rollout(
+            "names-trajectory",
+            trace={"session_id": "s", "session_time_steps": [], "metadata": metadatas[0]},
+        )
+    )
+    ingest_many(engine, [orjson.dumps(doc) for doc in docs])
+    columns = select(Run.run_id, Run.env_id, Run.policy_id).order_by(Run.id)
+    with engine.connect() as conn:
+        at_ingest = [tuple(r) for r in conn.execute(columns)]
+    # Typed columns on PostgreSQL hold a NUL as U+2400 (docs/FORMAT.md).
+    nul = "n\u2400l" if backend == "postgresql" else "n\u0000l"
+    assert at_ingest == [
+        ("names-0", "crafter", "crafter-react"),
+        ("names-1", nul, "own"),
+        ("names-2", "own", None),
+        ("names-3", None, None),
+        ("names-4", None, None),
+        ("names-5", None, None),
+        ("names-trajectory", "e", "p"),
+    ]
+    migrate.downgrade(engine, "0006")  # a store from before: ids only from env_id/policy_id
+    with engine.connect() as conn:
+        before = [tuple(r) for r in conn.execute(columns)]
+    assert before == [
+        ("names-0", None, None),
+        ("names-1", None, "own"),
+        ("names-2", "own", None),
+        ("names-3", None, None),
+        ("names-4", None, None),
+        ("names-5", None, None),
+        ("names-trajectory", "e", "p"),
+    ]
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(columns)] == at_ingest
+    engine.dispose()

@@ -179,6 +179,25 @@ def env_from_trace() -> dict[str, Any]:
     }
 
 
+def env_from_trace_names() -> dict[str, Any]:
+    """Trace-only, its env and policy named as synth-ai's traces name them (no LM call)."""
+    step = {"step_id": "decision_0", "step_index": 0, "events": [_env_event("decision_0", 0.25)]}
+    return {
+        "run_id": "case-env-from-trace-names",
+        "trajectories": [],
+        "metrics": {"episode_returns": [0.25], "mean_return": 0.25, "num_steps": 1},
+        "trace": {
+            "session_id": "case-env-from-trace-names",
+            "created_at": "2025-11-18T11:00:00Z",
+            "session_time_steps": [step],
+            "event_history": [],
+            "markov_blanket_message_history": [],
+            "metadata": {"env_name": "crafter", "policy_name": "crafter-react"},
+        },
+    }
+
+
 def all_cases() -> list[bytes]:
     """The hand-built rollouts as raw documents, in ingest order."""
-    return [orjson.dumps(doc) for doc in (legacy_toolbox(), trace_only_grid(), env_from_trace())]
+    docs = (legacy_toolbox(), trace_only_grid(), env_from_trace(), env_from_trace_names())
+    return [orjson.dumps(doc) for doc in docs]

@@ -85,15 +85,21 @@ def _session(trace: Any) -> Mapping[str, Any]:
 
 
 def run_env(doc: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """A run's env and policy: its first trajectory's, else its trace metadata's."""
+    """A run's env and policy: its first trajectory's, else its trace metadata's id, else
+    its metadata's name (`env_name`, `policy_name`)."""
     meta = _session(doc.get("trace")).get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     first = doc["trajectories"][0] if doc["trajectories"] else {}
-    env = first.get("env_id")
-    policy = first.get("policy_id")
+
+    def named(own: Any, key: str, name: str) -> str | None:
+        for value in (own, json_text(meta.get(key)), json_text(meta.get(name))):
+            if value is not None:
+                return str(value)
+        return None
+
     return (
-        env if env is not None else json_text(meta.get("env_id")),
-        policy if policy is not None else json_text(meta.get("policy_id")),
+        named(first.get("env_id"), "env_id", "env_name"),
+        named(first.get("policy_id"), "policy_id", "policy_name"),
     )
 
 

@@ -106,6 +106,9 @@ def test_hand_built_cases_are_read_as_specified(store: Store) -> None:
     assert by_env[("gridworld", "pol-grid")]["mean_return"] == pytest.approx(0.5)
     assert by_env[("gridworld", "pol-grid")]["mean_length"] == 4
     assert by_env[(None, None)]["mean_return"] == 1.0  # the trajectory has no env_id
+    # A trace naming them env_name / policy_name (synth-ai's traces).
+    assert by_env[("crafter", "crafter-react")]["mean_return"] == pytest.approx(0.25)
+    assert by_env[("crafter", "crafter-react")]["mean_length"] == 1
     models = keyed(_run(store, "models", Filters()), ("model_name", "provider"))
     assert models[("gpt-x", "openai")]["cost_usd"] == pytest.approx(0.0015)
     assert models[("gpt-x", "openai")]["calls_with_latency"] == 1

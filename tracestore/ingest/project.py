@@ -420,9 +420,11 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
         "branches": doc.get("branches"),
         "pipeline_metadata": doc.get("pipeline_metadata"),
         # As reports/views.sql reads a run's env and policy, and its steps when it has
-        # no trajectory steps (the environment events of its run-level trace).
-        "env_id": _either(first.get("env_id"), _named_id(meta, "env_id")),
-        "policy_id": _either(first.get("policy_id"), _named_id(meta, "policy_id")),
+        # no trajectory steps (the environment events of its run-level trace). A trace
+        # names them `env_id` / `policy_id`, else (synth-ai's own traces, which its filter
+        # reads so) `env_name` / `policy_name`: as the trace -> trajectories converter.
+        "env_id": _either(first.get("env_id"), _trace_name(meta, "env_id", "env_name")),
+        "policy_id": _either(first.get("policy_id"), _trace_name(meta, "policy_id", "policy_name")),
         "n_trace_steps": _environment_events(top),
     }
     return RolloutRows(run=run, trajectories=traj_rows, steps=step_rows, traces=traces)
@@ -455,6 +457,14 @@ def _named_id(metadata: object, key: str) -> str | None:
     if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         return None
     return value
+
+
+def _trace_name(metadata: object, key: str, fallback: str) -> str | None:
+    """The id a trace's metadata names under `key`, else under `fallback` (when `key` is
+    absent or null: a present value that is no id is not replaced)."""
+    if isinstance(metadata, Mapping) and metadata.get(key) is None:
+        return _named_id(metadata, fallback)
+    return _named_id(metadata, key)
 
 
 def _check_indexed(

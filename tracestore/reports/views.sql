@@ -7,7 +7,8 @@
 -- Conventions the reports rely on:
 -- * day: the UTC date a run was received; every row of a run has its run's day.
 -- * env_id / policy_id: a trajectory's own on trajectory rows; on run, trace and event
---   rows the run's: its first trajectory's, else its run-level trace's metadata.
+--   rows the run's: its first trajectory's, else its run-level trace's metadata's
+--   env_id / policy_id, else its env_name / policy_name (synth-ai's traces name them so).
 -- * step_source: where a run's decision steps come from. 'trajectory' when the run has
 --   trajectory steps; 'trace' when it has none but a full or wrapped trace (the
 --   environment events are its steps, SPEC section 5); else 'trajectory' (its
@@ -37,8 +38,16 @@ SELECT
     r.run_id,
     r.received_at,
     CAST(timezone('UTC', r.received_at) AS DATE) AS day,
-    coalesce(t0.env_id, json_extract_string(rt.metadata, '$.env_id')) AS env_id,
-    coalesce(t0.policy_id, json_extract_string(rt.metadata, '$.policy_id')) AS policy_id,
+    coalesce(
+        t0.env_id,
+        json_extract_string(rt.metadata, '$.env_id'),
+        json_extract_string(rt.metadata, '$.env_name')
+    ) AS env_id,
+    coalesce(
+        t0.policy_id,
+        json_extract_string(rt.metadata, '$.policy_id'),
+        json_extract_string(rt.metadata, '$.policy_name')
+    ) AS policy_id,
     r.correlation_id,
     r.correlation_source,
     r.trace_kind,
