@@ -92,10 +92,13 @@ def run_env(doc: Mapping[str, Any]) -> tuple[str | None, str | None]:
     first = doc["trajectories"][0] if doc["trajectories"] else {}
 
     def named(own: Any, key: str, name: str) -> str | None:
-        for value in (own, json_text(meta.get(key)), json_text(meta.get(name))):
+        for value in (own, json_text(meta.get(key))):
             if value is not None:
                 return str(value)
-        return None
+        # A name is taken only as ingest takes an id: a string of at most 1,024 bytes.
+        value = meta.get(name)
+        fits = isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) <= 1024
+        return value if fits else None
 
     return (
         named(first.get("env_id"), "env_id", "env_name"),

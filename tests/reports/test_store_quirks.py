@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from tests.conftest import _PgDatabases, new_database
@@ -94,3 +95,39 @@ def test_export_reads_bare_json_numbers_exactly(
     assert [orjson.loads(v) for v in steps] == [3, 0.30000000000000004, "text"]
     if backend == "sqlite":
         assert "steps: JSON values stored as SQLite numbers" in done.stderr
+
+
+# Trace names that are no id (ingest leaves runs.env_id unset): the reports say the same.
+NAMES = [
+    ({"env_name": "crafter", "policy_name": "crafter-react"}, "crafter", "crafter-react"),
+    ({"env_name": 7, "policy_name": {"a": 1}}, None, None),
+    ({"env_name": "x" * 1025, "policy_name": True}, None, None),
+    ({"env_name": "é" * 512, "policy_name": "é" * 513}, "é" * 512, None),  # 1,024 / 1,026 B
+]
+
+
+def test_run_facts_take_a_trace_name_as_ingest_does(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
+) -> None:
+    db = new_database(backend, "trace-names", tmp_path_factory, pg_databases)
+    engine = create_engine(db.url)
+    try:
+        migrate.upgrade(engine)
+        for i, (metadata, _, _) in enumerate(NAMES):
+            trace = {"session_id": f"s{i}", "session_time_steps": [], "metadata": metadata}
+            doc = {**BANDIT, "run_id": f"named-{i}", "trajectories": [], "trace": trace}
+            ingest_bytes(engine, orjson.dumps(doc))
+        with engine.connect() as conn:
+            stored = {
+                r.run_id: (r.env_id, r.policy_id)
+                for r in conn.execute(text("SELECT run_id, env_id, policy_id FROM runs"))
+            }
+        with open_live(engine, in_this_process=True) as analytics:
+            facts = output.rows(
+                run_sql(analytics, "SELECT run_id, env_id, policy_id FROM run_facts").table
+            )
+    finally:
+        engine.dispose()
+    expected = {f"named-{i}": (env, policy) for i, (_, env, policy) in enumerate(NAMES)}
+    assert stored == expected
+    assert {r["run_id"]: (r["env_id"], r["policy_id"]) for r in facts} == expected

@@ -27,6 +27,14 @@ CREATE OR REPLACE MACRO tool_call_name(call) AS
         ELSE json_extract_string(call, '$.tool')
     END;
 
+-- A trace metadata's env_name / policy_name as an id, as ingest takes it
+-- (ingest/project.py _named_id): a string of at most 1,024 UTF-8 bytes, else NULL.
+CREATE OR REPLACE MACRO trace_name(meta, path) AS
+    CASE
+        WHEN json_type(meta, path) = 'VARCHAR' AND strlen(json_extract_string(meta, path)) <= 1024
+        THEN json_extract_string(meta, path)
+    END;
+
 -- The elements of a JSON array (no rows for anything else).
 CREATE OR REPLACE MACRO json_elements(value) AS
     CASE WHEN json_type(value) = 'ARRAY' THEN CAST(value AS JSON[]) ELSE [] END;
@@ -41,12 +49,12 @@ SELECT
     coalesce(
         t0.env_id,
         json_extract_string(rt.metadata, '$.env_id'),
-        json_extract_string(rt.metadata, '$.env_name')
+        trace_name(rt.metadata, '$.env_name')
     ) AS env_id,
     coalesce(
         t0.policy_id,
         json_extract_string(rt.metadata, '$.policy_id'),
-        json_extract_string(rt.metadata, '$.policy_name')
+        trace_name(rt.metadata, '$.policy_name')
     ) AS policy_id,
     r.correlation_id,
     r.correlation_source,
