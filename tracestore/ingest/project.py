@@ -422,7 +422,8 @@ def project_rollout(doc: Mapping[str, Any], resolution: Resolution) -> RolloutRo
         # As reports/views.sql reads a run's env and policy, and its steps when it has
         # no trajectory steps (the environment events of its run-level trace). A trace
         # names them `env_id` / `policy_id`, else (synth-ai's own traces, which its filter
-        # reads so) `env_name` / `policy_name`: as the trace -> trajectories converter.
+        # reads so) `env_name` / `policy_name`, as the trace -> trajectories converter
+        # reads them (which also passes over an `env_id` that is not a string).
         "env_id": _either(first.get("env_id"), _trace_name(meta, "env_id", "env_name")),
         "policy_id": _either(first.get("policy_id"), _trace_name(meta, "policy_id", "policy_name")),
         "n_trace_steps": _environment_events(top),
