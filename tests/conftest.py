@@ -162,6 +162,20 @@ def new_database(
     return Database(backend, f"sqlite:///{path}")
 
 
+@pytest.fixture
+def fresh_db(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
+) -> Database:
+    """A new database of `backend` for one test, migrated to head."""
+    db = new_database(backend, "fresh", tmp_path_factory, pg_databases)
+    engine = store_engine(db.url)
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    return db
+
+
 @pytest.fixture(scope="session")
 def database(
     backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None

@@ -56,20 +56,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture
-def fresh_db(
-    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
-) -> Database:
-    """A new database of `backend` for one test, migrated to head."""
-    db = new_database(backend, "reliability", tmp_path_factory, pg_databases)
-    engine = create_engine(db.url)
-    try:
-        migrate.upgrade(engine)
-    finally:
-        engine.dispose()
-    return db
-
-
-@pytest.fixture
 def fresh_engine(fresh_db: Database) -> Iterator[Engine]:
     """An engine on `fresh_db`, to check what the server stored."""
     engine = create_engine(fresh_db.url)

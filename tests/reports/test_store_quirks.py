@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from tests.conftest import _PgDatabases, new_database
+from tests.conftest import Database, _PgDatabases, new_database
 from tracestore.cli.main import app
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
@@ -106,13 +106,9 @@ NAMES = [
 ]
 
 
-def test_run_facts_take_a_trace_name_as_ingest_does(
-    backend: str, tmp_path_factory: pytest.TempPathFactory, pg_databases: _PgDatabases | None
-) -> None:
-    db = new_database(backend, "trace-names", tmp_path_factory, pg_databases)
-    engine = create_engine(db.url)
+def test_run_facts_take_a_trace_name_as_ingest_does(fresh_db: Database) -> None:
+    engine = create_engine(fresh_db.url)
     try:
-        migrate.upgrade(engine)
         for i, (metadata, _, _) in enumerate(NAMES):
             trace = {"session_id": f"s{i}", "session_time_steps": [], "metadata": metadata}
             doc = {**BANDIT, "run_id": f"named-{i}", "trajectories": [], "trace": trace}
