@@ -253,24 +253,38 @@ def wide_string_under_cap() -> Body:
     return _random_string_under_cap("wide-under", "\U0001f600".encode())
 
 
-def concurrent_tiny_values_under_cap() -> Callable[[Server], str]:
-    """4 posts at once of the empty-objects rollout the estimate just admits (one at a time
-    through the worker's parse budget, api/overload.py)."""
-    body = tiny_values_under_cap()
-    sent = gzip.compress(body.raw, 9)
-    del body
+def _at_once(body: Body, path: str, n: int, level: int) -> Callable[[Server], str]:
+    """An attack: `n` posts at once of `body` (gzip at `level`) to `path`."""
+    sent = gzip.compress(body.raw, level)
 
     def attack(server: Server) -> str:
-        # The same rollout each time: duplicates after the first, each parsed all the same.
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=n) as pool:
             answers = Counter(
-                pool.map(
-                    lambda _: _post(server, "/v1/rollouts", sent, "application/json"), range(4)
-                )
+                pool.map(lambda _: _post(server, path, sent, "application/json"), range(n))
             )
-        return ", ".join(f"{n} x {a}" for a, n in answers.items())
+        return ", ".join(f"{k} x {a}" for a, k in sorted(answers.items()))
 
     return attack
+
+
+def concurrent_tiny_values_under_cap() -> Callable[[Server], str]:
+    """4 posts at once of the empty-objects rollout the estimate just admits (one at a time
+    through the worker's parse budget, api/overload.py). The same rollout each time:
+    duplicates after the first, each parsed all the same."""
+    return _at_once(tiny_values_under_cap(), "/v1/rollouts", 4, 9)
+
+
+def concurrent_converts_under_cap() -> Callable[[Server], str]:
+    """8 conversions at once (POST /v1/convert) of the empty-objects rollout the estimate
+    just admits: parsed, converted and answered in full, nothing stored."""
+    return _at_once(tiny_values_under_cap(), "/v1/convert?to=trace", 8, 9)
+
+
+def concurrent_random_strings_under_cap() -> Callable[[Server], str]:
+    """32 posts at once of the random-ASCII-string rollout the estimate admits: as many
+    bodies as the in-flight bound holds wait, read, for the parse budget (docs/RELIABILITY.md:
+    a limit of the promise)."""
+    return _at_once(random_string_under_cap(), "/v1/rollouts", 32, 1)
 
 
 def _real(n_bytes: int) -> bytes:
@@ -422,6 +436,14 @@ ATTACKS: dict[str, tuple[str, Make]] = {
     "concurrent_tiny_values_under_cap": (
         "4 posts at once of the empty-objects rollout the estimate admits",
         concurrent_tiny_values_under_cap,
+    ),
+    "concurrent_converts_under_cap": (
+        "8 conversions at once (POST /v1/convert) of the empty-objects rollout the estimate admits",
+        concurrent_converts_under_cap,
+    ),
+    "concurrent_random_strings_under_cap": (
+        "32 posts at once of the random-ASCII-string rollout the estimate admits",
+        concurrent_random_strings_under_cap,
     ),
     "repeated_key_rollout": (
         "one rollout of empty objects the estimate admits, repeating a key at its end",

@@ -437,3 +437,35 @@ def test_the_parse_budget_lets_ingests_in_only_while_their_charges_fit() -> None
         "second in, 30 held",
         "alone past the limit",
     ]
+
+
+@pytest.mark.parametrize("path", ["/v1/convert?to=trace", "/v1/rollouts"])
+def test_conversions_wait_for_the_parse_budget_as_ingests_do(tmp_path: Path, path: str) -> None:
+    # POST /v1/convert parses the whole body as an ingest does; outside the budget, eight
+    # conversions at once of the empty-objects body the estimate admits took a worker to
+    # 431-675 MiB (`bench.hostile_memory --only concurrent_converts_under_cap`). With the
+    # budget full, a conversion waits (TRACESTORE_DB_WAIT) and is refused 503 overloaded,
+    # having parsed nothing; once there is room, it is answered. /v1/rollouts: the same.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    app = create_app(Settings(database_url=url, db_wait=0.3))
+    body = orjson.dumps(minimal_rollout("budget-1"))
+    headers = {"Content-Type": "application/json"}
+    with TestClient(app) as client:
+        budget: ParseBudget = app.state.tracestore.lanes.parsing
+        assert client.portal is not None  # the app's event loop, where the budget lives
+        with client.portal.wrap_async_context_manager(budget.hold(budget.limit)):
+            refused = client.post(path, content=body, headers=headers)
+            assert refused.status_code == 503, refused.text[:300]
+            assert refused.json()["error"]["code"] == "overloaded"
+            assert budget.held == budget.limit
+        answered = client.post(path, content=body, headers=headers)
+        assert answered.status_code in (200, 201), answered.text[:300]
+        assert budget.held == 0
+        if path.startswith("/v1/convert"):
+            assert answered.json()["document"]["trace"]["session_id"]
+        # Nothing of the refused post was stored; a conversion stores nothing at all.
+        stored = [item["run_id"] for item in client.get("/v1/rollouts").json()["items"]]
+        assert stored == (["budget-1"] if path == "/v1/rollouts" else [])

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from tracestore.api.body import read_body, require_json
+from tracestore.api.body import Charge, parsed_estimate, read_body, require_json
 from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
@@ -120,6 +120,16 @@ async def post_convert(
 ) -> Response:
     """Convert one document."""
     require_json(request)
-    raw = await read_body(request, state.settings.max_body_bytes)
-    body = await run_in_threadpool(_convert, raw, to, replace)
-    return Response(dumps(body), media_type="application/json")
+    charge = Charge()
+    raw = await read_body(request, state.settings.max_body_bytes, charge)
+    # In the worker's parse budget with its ingests (api/overload.py): a conversion parses
+    # the whole body as an ingest does, and conversions at once in the thread pool took a
+    # worker past twice the in-flight limit (docs/RELIABILITY.md).
+    async with state.lanes.parsing.hold(charge.bytes, lambda: parsed_estimate(raw)):
+        answer = await run_in_threadpool(_answer, raw, to, replace)
+    return Response(answer, media_type="application/json")
+
+
+def _answer(raw: bytes, to: str, replace: bool) -> bytes:
+    # Serialized in the thread too, inside the budget: the answer holds the whole document.
+    return dumps(_convert(raw, to, replace))
