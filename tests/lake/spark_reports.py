@@ -28,12 +28,11 @@ SELECT
     r.run_id,
     r.received_at,
     r.day,
-    -- Else the name the trace's metadata gives (env_name / policy_name), as ingest took
-    -- it into the run's own column (Spark's get_json_object cannot tell a JSON string
-    -- from a number, which views.sql's trace_name needs).
-    coalesce(t0.env_id, get_json_object(rt.metadata, '$.env_id'), r.env_id) AS env_id,
-    coalesce(t0.policy_id, get_json_object(rt.metadata, '$.policy_id'), r.policy_id)
-        AS policy_id,
+    -- Else the id, or name, the trace's metadata gives, as ingest took it into the run's
+    -- own column (Spark's get_json_object cannot tell a JSON string from a number, which
+    -- views.sql's trace_id needs).
+    coalesce(t0.env_id, r.env_id) AS env_id,
+    coalesce(t0.policy_id, r.policy_id) AS policy_id,
     r.correlation_source,
     CASE
         WHEN r.n_steps > 0 THEN 'trajectory'

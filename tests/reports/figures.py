@@ -86,17 +86,18 @@ def _session(trace: Any) -> Mapping[str, Any]:
 
 def run_env(doc: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """A run's env and policy: its first trajectory's, else its trace metadata's id, else
-    its metadata's name (`env_name`, `policy_name`)."""
+    (the id absent or null) its metadata's name (`env_name`, `policy_name`)."""
     meta = _session(doc.get("trace")).get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     first = doc["trajectories"][0] if doc["trajectories"] else {}
 
     def named(own: Any, key: str, name: str) -> str | None:
-        for value in (own, json_text(meta.get(key))):
-            if value is not None:
-                return str(value)
-        # A name is taken only as ingest takes an id: a string of at most 1,024 bytes.
-        value = meta.get(name)
+        if own is not None:
+            return str(own)
+        # Taken only as ingest takes an id: a string of at most 1,024 bytes.
+        value = meta.get(key)
+        if value is None:
+            value = meta.get(name)
         fits = isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) <= 1024
         return value if fits else None
 

@@ -103,6 +103,10 @@ NAMES = [
     ({"env_name": 7, "policy_name": {"a": 1}}, None, None),
     ({"env_name": "x" * 1025, "policy_name": True}, None, None),
     ({"env_name": "é" * 512, "policy_name": "é" * 513}, "é" * 512, None),  # 1,024 / 1,026 B
+    # An id that is no id is not replaced by the name; a null one is.
+    ({"env_id": 7, "env_name": "crafter", "policy_id": None, "policy_name": "p"}, None, "p"),
+    ({"env_id": "x" * 1025, "policy_id": {"a": 1}, "policy_name": "p"}, None, None),
+    ({"env_id": "e", "env_name": "crafter", "policy_id": "", "policy_name": "p"}, "e", ""),
 ]
 
 

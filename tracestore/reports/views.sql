@@ -27,12 +27,22 @@ CREATE OR REPLACE MACRO tool_call_name(call) AS
         ELSE json_extract_string(call, '$.tool')
     END;
 
--- A trace metadata's env_name / policy_name as an id, as ingest takes it
+-- A trace metadata's value at `path` as an id, as ingest takes it
 -- (ingest/project.py _named_id): a string of at most 1,024 UTF-8 bytes, else NULL.
 CREATE OR REPLACE MACRO trace_name(meta, path) AS
     CASE
         WHEN json_type(meta, path) = 'VARCHAR' AND strlen(json_extract_string(meta, path)) <= 1024
         THEN json_extract_string(meta, path)
+    END;
+
+-- A trace metadata's env / policy id, as ingest takes it (ingest/project.py _trace_name):
+-- its id (`id_path`) when that is an id; its name (`name_path`) only when the id is absent
+-- or null. A present value that is no id (a number, an object, a longer string) gives
+-- NULL, as runs.env_id has it.
+CREATE OR REPLACE MACRO trace_id(meta, id_path, name_path) AS
+    CASE
+        WHEN coalesce(json_type(meta, id_path), 'NULL') = 'NULL' THEN trace_name(meta, name_path)
+        ELSE trace_name(meta, id_path)
     END;
 
 -- The elements of a JSON array (no rows for anything else).
@@ -46,16 +56,8 @@ SELECT
     r.run_id,
     r.received_at,
     CAST(timezone('UTC', r.received_at) AS DATE) AS day,
-    coalesce(
-        t0.env_id,
-        json_extract_string(rt.metadata, '$.env_id'),
-        trace_name(rt.metadata, '$.env_name')
-    ) AS env_id,
-    coalesce(
-        t0.policy_id,
-        json_extract_string(rt.metadata, '$.policy_id'),
-        trace_name(rt.metadata, '$.policy_name')
-    ) AS policy_id,
+    coalesce(t0.env_id, trace_id(rt.metadata, '$.env_id', '$.env_name')) AS env_id,
+    coalesce(t0.policy_id, trace_id(rt.metadata, '$.policy_id', '$.policy_name')) AS policy_id,
     r.correlation_id,
     r.correlation_source,
     r.trace_kind,
