@@ -34,6 +34,7 @@ from tests.reliability.harness import FIGURES, LOOPBACK, ServerProcess, is_error
 from tracestore.api.app import create_app
 from tracestore.api.body import MAX_PER_BYTE, ParsedSize, parsed_estimate
 from tracestore.api.overload import ParseBudget, ParsingBusy
+from tracestore.api.routes.convert import _read
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.settings import Settings
@@ -429,6 +430,15 @@ def test_the_parse_budget_lets_ingests_in_only_while_their_charges_fit() -> None
         async with budget.hold(10, exact(5)):
             assert budget.held == 10
         assert asked == [30]
+        # A second hold of the same request (beside what it holds) is not kept out by
+        # its own first: alone, it goes in past the limit; beside another, it waits.
+        async with budget.hold(90) as mine, budget.hold(20, beside=mine):
+            assert budget.held == 110
+        async with budget.hold(5), budget.hold(90) as mine:
+            with pytest.raises(ParsingBusy):
+                async with budget.hold(20, beside=mine):
+                    pass
+            assert budget.held == 95
         return seen
 
     assert anyio.run(scenario) == [
@@ -469,3 +479,50 @@ def test_conversions_wait_for_the_parse_budget_as_ingests_do(tmp_path: Path, pat
         # Nothing of the refused post was stored; a conversion stores nothing at all.
         stored = [item["run_id"] for item in client.get("/v1/rollouts").json()["items"]]
         assert stored == (["budget-1"] if path == "/v1/rollouts" else [])
+
+
+def _one_line_steps(n: int) -> bytes:
+    steps = [{"reward": 0, "done": False}] * n
+    doc = minimal_rollout("convert-steps")
+    doc["trajectories"][0]["steps"] = steps
+    return orjson.dumps(doc)
+
+
+def test_a_conversion_holds_what_converting_costs_not_only_its_parse(tmp_path: Path) -> None:
+    # One-line steps cost ~7x their parsed-size estimate converted to a trace (a time step,
+    # events and messages each; bench.convert_memory): charged only the estimate, a 5 MiB
+    # body of them took a worker 574 MiB past its start. The rest is held too: with room
+    # for the parse but not the conversion, it waits and is refused 503; a document whose
+    # conversion alone passes the budget is refused 413, though an ingest takes it.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    body = _one_line_steps(20_000)
+    estimate = parsed_estimate(body)
+    cost = _read(body, "trace")[1]
+    assert cost > estimate + 16 * MIB  # the conversion's own part, beyond the parse
+    headers = {"Content-Type": "application/json"}
+    app = create_app(Settings(database_url=url, db_wait=0.3))
+    with TestClient(app) as client:
+        budget: ParseBudget = app.state.tracestore.lanes.parsing
+        assert client.portal is not None  # the app's event loop, where the budget lives
+        others = budget.limit - estimate - 8 * MIB  # the parse fits, the conversion not
+        with client.portal.wrap_async_context_manager(budget.hold(others)):
+            refused = client.post("/v1/convert?to=trace", content=body, headers=headers)
+            assert refused.status_code == 503, refused.text[:300]
+            assert refused.json()["error"]["code"] == "overloaded"
+        assert budget.held == 0
+        answered = client.post("/v1/convert?to=trace", content=body, headers=headers)
+        assert answered.status_code == 200, answered.text[:300]
+        assert len(answered.json()["document"]["trace"]["session_time_steps"]) == 20_000
+    # A budget the parse fits in but not the conversion: 413, and the same body ingests.
+    small = int(estimate * 1.5)
+    assert estimate < small < cost
+    app = create_app(Settings(database_url=url, max_parsed_bytes=small))
+    with TestClient(app) as client:
+        too_large = client.post("/v1/convert?to=trace", content=body, headers=headers)
+        assert too_large.status_code == 413, too_large.text[:300]
+        assert "converting this document" in too_large.json()["error"]["message"]
+        stored = client.post("/v1/rollouts", content=body, headers=headers)
+        assert stored.status_code == 201, stored.text[:300]

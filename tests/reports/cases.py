@@ -197,7 +197,27 @@ def env_from_trace_names() -> dict[str, Any]:
     }
 
 
+def env_id_no_id() -> dict[str, Any]:
+    """Trace-only, its metadata's env_id a number (no id: the name is not taken in its
+    place) and its policy_id null (the name is)."""
+    doc = env_from_trace_names()
+    doc["run_id"] = doc["trace"]["session_id"] = "case-env-id-no-id"
+    doc["trace"]["metadata"] = {
+        "env_id": 7,
+        "env_name": "crafter",
+        "policy_id": None,
+        "policy_name": "crafter-react",
+    }
+    return doc
+
+
 def all_cases() -> list[bytes]:
     """The hand-built rollouts as raw documents, in ingest order."""
-    docs = (legacy_toolbox(), trace_only_grid(), env_from_trace(), env_from_trace_names())
+    docs = (
+        legacy_toolbox(),
+        trace_only_grid(),
+        env_from_trace(),
+        env_from_trace_names(),
+        env_id_no_id(),
+    )
     return [orjson.dumps(doc) for doc in docs]

@@ -8,7 +8,8 @@
 -- * day: the UTC date a run was received; every row of a run has its run's day.
 -- * env_id / policy_id: a trajectory's own on trajectory rows; on run, trace and event
 --   rows the run's: its first trajectory's, else its run-level trace's metadata's
---   env_id / policy_id, else its env_name / policy_name (synth-ai's traces name them so).
+--   env_id / policy_id, else (that id absent or null) its env_name / policy_name
+--   (synth-ai's traces name them so), each taken only as ingest takes an id (trace_id).
 -- * step_source: where a run's decision steps come from. 'trajectory' when the run has
 --   trajectory steps; 'trace' when it has none but a full or wrapped trace (the
 --   environment events are its steps, SPEC section 5); else 'trajectory' (its

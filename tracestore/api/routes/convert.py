@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -14,6 +15,7 @@ from tracestore.api.deps import ReadSessionDep, StateDep
 from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
+from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.jsontext import dumps
 from tracestore.store.served import Served, served_trace, served_trajectories
@@ -83,12 +85,41 @@ def get_trajectories(run_id: RunIdPath, session: ReadSessionDep) -> Response:
     return _response(served_trajectories(session, run_id))
 
 
-def _convert(raw: bytes, to: str, replace: bool) -> dict[str, Any]:
+# What converting costs a worker beyond parsing, from bench.convert_memory and the shapes
+# measured with it (one-line steps, steps with tool calls, 1 KB string observations,
+# one-line trace events): at most 2.5x the body's parsed-size estimate plus 4 KiB per
+# trajectory step (a step becomes a time step, events and messages; one-line steps cost
+# 7x their estimate, ~3.2 KiB a step).
+CONVERT_PER_ESTIMATE = 2.5
+CONVERT_PER_STEP = 4096
+
+
+def _steps(doc: Mapping[str, Any]) -> int:
+    trajectories = doc.get("trajectories")
+    if not isinstance(trajectories, list):
+        return 0
+    return sum(
+        len(t["steps"])
+        for t in trajectories
+        if isinstance(t, dict) and isinstance(t.get("steps"), list)
+    )
+
+
+def _read(raw: bytes, to: str) -> tuple[dict[str, Any], int]:
+    """The validated document and what converting it costs (bytes, all told)."""
     doc = validate_rollout(parse_json(raw))
+    cost = CONVERT_PER_ESTIMATE * parsed_estimate(raw)
+    if to == "trace":
+        cost += CONVERT_PER_STEP * _steps(doc)
+    return doc, int(cost)
+
+
+def _answer(doc: dict[str, Any], to: str, replace: bool) -> bytes:
     # Not stored, so the request's time is when this trace came to be.
     now = datetime.now(UTC).isoformat()
     new_doc, conversion = convert_document(doc, to, replace=replace, created_at=now)
-    return {"document": new_doc, **conversion.report()}
+    # Serialized here, in the thread and inside the budget: the answer holds it all.
+    return dumps({"document": new_doc, **conversion.report()})
 
 
 @router.post(
@@ -122,14 +153,20 @@ async def post_convert(
     require_json(request)
     charge = Charge()
     raw = await read_body(request, state.settings.max_body_bytes, charge)
-    # In the worker's parse budget with its ingests (api/overload.py): a conversion parses
-    # the whole body as an ingest does, and conversions at once in the thread pool took a
-    # worker past twice the in-flight limit (docs/RELIABILITY.md).
-    async with state.lanes.parsing.hold(charge.bytes, lambda: parsed_estimate(raw)):
-        answer = await run_in_threadpool(_answer, raw, to, replace)
+    # In the worker's parse budget with its ingests (api/overload.py), first for parsing
+    # (an ingest's charge), then for the rest of what converting costs, which can be
+    # several times that: outside the budget, conversions at once in the thread pool took
+    # a worker past twice the in-flight limit (docs/RELIABILITY.md).
+    budget = state.lanes.parsing
+    async with budget.hold(charge.bytes, lambda: parsed_estimate(raw)) as held:
+        doc, cost = await run_in_threadpool(_read, raw, to)
+        if cost > budget.limit:
+            raise PayloadTooLarge(
+                f"converting this document would take about {cost} bytes of memory, more "
+                f"than the {budget.limit} a worker allows (TRACESTORE_MAX_PARSED_BYTES); "
+                "convert it offline with `tracestore convert`",
+                limit=budget.limit,
+            )
+        async with budget.hold(max(0, cost - held), beside=held):
+            answer = await run_in_threadpool(_answer, doc, to, replace)
     return Response(answer, media_type="application/json")
-
-
-def _answer(raw: bytes, to: str, replace: bool) -> bytes:
-    # Serialized in the thread too, inside the budget: the answer holds the whole document.
-    return dumps(_convert(raw, to, replace))
