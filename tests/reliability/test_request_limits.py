@@ -25,6 +25,7 @@ import anyio
 import httpx
 import orjson
 import pytest
+from anyio.from_thread import BlockingPortal
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -368,10 +369,7 @@ def test_a_body_too_small_to_pass_the_limit_is_not_counted_but_a_larger_one_is(
     worst = "\U0001f600".encode() + b"{" * (limit // MAX_PER_BYTE + 64)
     small, large = worst[: limit // MAX_PER_BYTE], worst
     assert parsed_estimate(small) <= limit < parsed_estimate(large)
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
+    url = _migrated(tmp_path)
     app = create_app(Settings(database_url=url, max_parsed_bytes=limit))
     with TestClient(app) as client:
         for body, refused in ((small, False), (large, True)):
@@ -449,6 +447,23 @@ def test_the_parse_budget_lets_ingests_in_only_while_their_charges_fit() -> None
     ]
 
 
+def _migrated(tmp_path: Path) -> str:
+    """The URL of a migrated SQLite store in `tmp_path`."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def _budget(client: TestClient) -> tuple[ParseBudget, BlockingPortal]:
+    """The parse budget of the app `client` serves, and the client's portal to the app's
+    event loop, where the budget lives (a test holds it through the portal)."""
+    assert client.portal is not None
+    budget: ParseBudget = client.app.state.tracestore.lanes.parsing  # type: ignore[attr-defined]
+    return budget, client.portal
+
+
 @pytest.mark.parametrize("path", ["/v1/convert?to=trace", "/v1/rollouts"])
 def test_conversions_wait_for_the_parse_budget_as_ingests_do(tmp_path: Path, path: str) -> None:
     # POST /v1/convert parses the whole body as an ingest does; outside the budget, eight
@@ -456,17 +471,13 @@ def test_conversions_wait_for_the_parse_budget_as_ingests_do(tmp_path: Path, pat
     # 431-675 MiB (`bench.hostile_memory --only concurrent_converts_under_cap`). With the
     # budget full, a conversion waits (TRACESTORE_DB_WAIT) and is refused 503 overloaded,
     # having parsed nothing; once there is room, it is answered. /v1/rollouts: the same.
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
+    url = _migrated(tmp_path)
     app = create_app(Settings(database_url=url, db_wait=0.3))
     body = orjson.dumps(minimal_rollout("budget-1"))
     headers = {"Content-Type": "application/json"}
     with TestClient(app) as client:
-        budget: ParseBudget = app.state.tracestore.lanes.parsing
-        assert client.portal is not None  # the app's event loop, where the budget lives
-        with client.portal.wrap_async_context_manager(budget.hold(budget.limit)):
+        budget, portal = _budget(client)
+        with portal.wrap_async_context_manager(budget.hold(budget.limit)):
             refused = client.post(path, content=body, headers=headers)
             assert refused.status_code == 503, refused.text[:300]
             assert refused.json()["error"]["code"] == "overloaded"
@@ -494,10 +505,7 @@ def test_a_conversion_holds_what_converting_costs_not_only_its_parse(tmp_path: P
     # body of them took a worker 574 MiB past its start. The rest is held too: with room
     # for the parse but not the conversion, it waits and is refused 503; a document whose
     # conversion alone passes the budget is refused 413, though an ingest takes it.
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = create_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
+    url = _migrated(tmp_path)
     body = _one_line_steps(20_000)
     estimate = parsed_estimate(body)
     cost = _read(body, "trace")[1]
@@ -505,10 +513,9 @@ def test_a_conversion_holds_what_converting_costs_not_only_its_parse(tmp_path: P
     headers = {"Content-Type": "application/json"}
     app = create_app(Settings(database_url=url, db_wait=0.3))
     with TestClient(app) as client:
-        budget: ParseBudget = app.state.tracestore.lanes.parsing
-        assert client.portal is not None  # the app's event loop, where the budget lives
+        budget, portal = _budget(client)
         others = budget.limit - estimate - 8 * MIB  # the parse fits, the conversion not
-        with client.portal.wrap_async_context_manager(budget.hold(others)):
+        with portal.wrap_async_context_manager(budget.hold(others)):
             refused = client.post("/v1/convert?to=trace", content=body, headers=headers)
             assert refused.status_code == 503, refused.text[:300]
             assert refused.json()["error"]["code"] == "overloaded"
@@ -526,3 +533,41 @@ def test_a_conversion_holds_what_converting_costs_not_only_its_parse(tmp_path: P
         assert "converting this document" in too_large.json()["error"]["message"]
         stored = client.post("/v1/rollouts", content=body, headers=headers)
         assert stored.status_code == 201, stored.text[:300]
+
+
+def test_served_reads_parse_and_convert_inside_the_parse_budget(tmp_path: Path) -> None:
+    # GET .../trace of a run stored with trajectories only converts it on every read: a
+    # stored rollout of one-line steps cost such a read ~7x its estimate, outside any
+    # bound. Now the parse holds the budget, and a conversion holds what it costs: with
+    # room for the parse only, the converting read waits and is refused 503, while the
+    # read of the stored part is served. A conversion costing past the whole budget is
+    # still served (a stored run is always readable), alone.
+    url = _migrated(tmp_path)
+    body = _one_line_steps(20_000)
+    estimate = parsed_estimate(body)
+    headers = {"Content-Type": "application/json"}
+    app = create_app(Settings(database_url=url, db_wait=0.3))
+    with TestClient(app) as client:
+        assert client.post("/v1/rollouts", content=body, headers=headers).status_code == 201
+        budget, portal = _budget(client)
+        others = budget.limit - estimate - 8 * MIB  # the parse fits, the conversion not
+        with portal.wrap_async_context_manager(budget.hold(others)):
+            refused = client.get("/v1/rollouts/convert-steps/trace")
+            assert refused.status_code == 503, refused.text[:300]
+            assert refused.json()["error"]["code"] == "overloaded"
+            stored = client.get("/v1/rollouts/convert-steps/trajectories")
+            assert stored.status_code == 200, stored.text[:300]
+            assert stored.headers["X-Tracestore-Source"] == "stored"
+        assert budget.held == 0
+        served = client.get("/v1/rollouts/convert-steps/trace")
+        assert served.status_code == 200, served.text[:300]
+        assert served.headers["X-Tracestore-Source"] == "converted"
+        assert len(served.json()["session_time_steps"]) == 20_000
+        missing = client.get("/v1/rollouts/no-such-run/trace")
+        assert missing.status_code == 404
+        assert budget.held == 0
+    app = create_app(Settings(database_url=url, max_parsed_bytes=int(estimate * 1.5)))
+    with TestClient(app) as client:
+        alone = client.get("/v1/rollouts/convert-steps/trace")
+        assert alone.status_code == 200, alone.text[:300]
+        assert len(alone.json()["session_time_steps"]) == 20_000

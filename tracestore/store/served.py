@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import orjson
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from tracestore.convert import Conversion, trace_to_trajectories, trajectories_to_trace
 from tracestore.errors import NotFound
-from tracestore.store.documents import load_document_received
+from tracestore.models import Run, RunDocument
+from tracestore.store.documents import decompress_document
 from tracestore.wire.trace import classify_trace, unwrap_trace
 
 Source = Literal["stored", "converted"]
@@ -34,16 +35,6 @@ class Served:
     source: Source
     trace_kind: str | None
     conversion: Conversion[Any] | None = None
-
-
-def _document(session: Session, run_id: str) -> tuple[dict[str, Any], datetime]:
-    raw, received_at = load_document_received(session.connection(), run_id)
-    doc: dict[str, Any] = orjson.loads(raw)
-    return doc, received_at
-
-
-def _has_steps(doc: Mapping[str, Any]) -> bool:
-    return any(t.get("steps") for t in doc.get("trajectories") or [] if isinstance(t, Mapping))
 
 
 def serve_trace(doc: Mapping[str, Any], received_at: datetime | None = None) -> Served:
@@ -86,11 +77,47 @@ def serve_trajectories(doc: Mapping[str, Any]) -> Served:
     )
 
 
-def served_trace(session: Session, run_id: str) -> Served:
-    """The run's trace, stored or converted (NotFound when it has neither source)."""
-    return serve_trace(*_document(session, run_id))
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """A stored rollout as received, with what its run row says of its parts."""
+
+    raw: bytes
+    received_at: datetime
+    trace_kind: str | None
+    n_steps: int
+    n_trajectories: int
+
+    def converts(self, part: Literal["trace", "trajectories"]) -> bool:
+        """Whether serving `part` converts it from the other part (as serve_trace and
+        serve_trajectories decide from the document: ingest wrote these columns from it)."""
+        if part == "trace":
+            return self.trace_kind not in USABLE_TRACE_KINDS
+        return self.n_trajectories == 0
 
 
-def served_trajectories(session: Session, run_id: str) -> Served:
-    """The run's trajectories, stored or converted (NotFound when it has neither source)."""
-    return serve_trajectories(_document(session, run_id)[0])
+_STORED = (
+    select(
+        RunDocument.body,
+        RunDocument.encoding,
+        Run.received_at,
+        Run.trace_kind,
+        Run.n_steps,
+        Run.n_trajectories,
+    )
+    .join(Run, Run.id == RunDocument.run_pk)
+    .where(Run.run_id == bindparam("run_id"))
+)
+
+
+def stored_run(session: Session, run_id: str) -> StoredRun:
+    """The stored rollout `run_id` (NotFound when absent)."""
+    row = session.connection().execute(_STORED, {"run_id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no rollout with run_id {run_id!r}", run_id=run_id)
+    return StoredRun(
+        decompress_document(row.body, row.encoding),
+        row.received_at,
+        row.trace_kind,
+        row.n_steps,
+        row.n_trajectories,
+    )

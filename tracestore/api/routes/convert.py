@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from tracestore.api.body import Charge, parsed_estimate, read_body, require_json
-from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.body import MAX_PER_BYTE, Charge, parsed_estimate, read_body, require_json
+from tracestore.api.deps import AppState, StateDep
 from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
 from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.jsontext import dumps
-from tracestore.store.served import Served, served_trace, served_trajectories
+from tracestore.store.served import Served, serve_trace, serve_trajectories, stored_run
 
 router = APIRouter(prefix="/v1", tags=["convert"])
 
@@ -61,9 +63,9 @@ def _response(served: Served) -> Response:
     },
     response_class=Response,
 )
-def get_trace(run_id: RunIdPath, session: ReadSessionDep) -> Response:
+async def get_trace(run_id: RunIdPath, state: StateDep) -> Response:
     """Serve a run's trace."""
-    return _response(served_trace(session, run_id))
+    return await _served(state, run_id, "trace")
 
 
 @router.get(
@@ -80,9 +82,9 @@ def get_trace(run_id: RunIdPath, session: ReadSessionDep) -> Response:
     },
     response_class=Response,
 )
-def get_trajectories(run_id: RunIdPath, session: ReadSessionDep) -> Response:
+async def get_trajectories(run_id: RunIdPath, state: StateDep) -> Response:
     """Serve a run's trajectories."""
-    return _response(served_trajectories(session, run_id))
+    return await _served(state, run_id, "trajectories")
 
 
 # What converting costs a worker beyond parsing, from bench.convert_memory and the shapes
@@ -105,13 +107,18 @@ def _steps(doc: Mapping[str, Any]) -> int:
     )
 
 
+def _conversion_cost(estimate: int, doc: Mapping[str, Any], to: str) -> int:
+    """What converting `doc` (parsed-size estimate `estimate`) to `to` costs, all told."""
+    cost = CONVERT_PER_ESTIMATE * estimate
+    if to == "trace":
+        cost += CONVERT_PER_STEP * _steps(doc)
+    return int(cost)
+
+
 def _read(raw: bytes, to: str) -> tuple[dict[str, Any], int]:
     """The validated document and what converting it costs (bytes, all told)."""
     doc = validate_rollout(parse_json(raw))
-    cost = CONVERT_PER_ESTIMATE * parsed_estimate(raw)
-    if to == "trace":
-        cost += CONVERT_PER_STEP * _steps(doc)
-    return doc, int(cost)
+    return doc, _conversion_cost(parsed_estimate(raw), doc, to)
 
 
 def _answer(doc: dict[str, Any], to: str, replace: bool) -> bytes:
@@ -120,6 +127,41 @@ def _answer(doc: dict[str, Any], to: str, replace: bool) -> bytes:
     new_doc, conversion = convert_document(doc, to, replace=replace, created_at=now)
     # Serialized here, in the thread and inside the budget: the answer holds it all.
     return dumps({"document": new_doc, **conversion.report()})
+
+
+def _serve(raw: bytes, received_at: datetime, part: str) -> Response:
+    doc = orjson.loads(raw)
+    served = serve_trace(doc, received_at) if part == "trace" else serve_trajectories(doc)
+    return _response(served)
+
+
+async def _served(state: AppState, run_id: str, part: Literal["trace", "trajectories"]) -> Response:
+    """A run's `part`, stored or converted, parsed and converted inside the worker's parse
+    budget (api/overload.py): a stored rollout can be as large as ingest admits, and
+    converting it can cost several times its parse (docs/RELIABILITY.md)."""
+    async with state.lanes.reads.session() as session:
+        run = await run_in_threadpool(stored_run, session, run_id)
+    budget = state.lanes.parsing
+    converting = run.converts(part)
+    per_step = CONVERT_PER_STEP * run.n_steps if part == "trace" else 0
+
+    def charge(estimate: int) -> int:
+        # A stored part costs its parse; a converted one, the conversion. A stored rollout
+        # is served whatever it costs: past the whole budget, it waits to be alone in it.
+        total = int(CONVERT_PER_ESTIMATE * estimate) + per_step if converting else estimate
+        return min(total, budget.limit)
+
+    bound = len(run.raw) * MAX_PER_BYTE
+    exact: Callable[[], int] | None = None
+    if charge(bound) >= budget.limit:
+        # Its estimate, not its bound, which would take the whole budget; off the event
+        # loop for a large document (~0.45 ms per 100 KB).
+        bound = await run_in_threadpool(parsed_estimate, run.raw)
+    else:  # as an ingest's small body: its estimate only when its bound does not fit
+        exact = partial(parsed_estimate, run.raw)
+    charge_exact = None if exact is None else (lambda: charge(exact()))
+    async with budget.hold(charge(bound), charge_exact):
+        return await run_in_threadpool(_serve, run.raw, run.received_at, part)
 
 
 @router.post(
