@@ -212,31 +212,30 @@ class ParseBudget:
 
     @asynccontextmanager
     async def hold(
-        self, charge: int, exact: Callable[[], int] | None = None, beside: int = 0
-    ) -> AsyncIterator[int]:
-        """Hold `charge` bytes of the budget while the block runs; yields the charge held.
-        `exact` gives a smaller charge at a cost (the body's estimate, where `charge` is
-        its upper bound): asked only when `charge` does not fit. `beside`: what the same
-        request holds already (a second hold for more): it counts as its own, not as
-        another request in progress."""
+        self, charge: int, exact: Callable[[], int] | None = None
+    ) -> AsyncIterator[None]:
+        """Hold `charge` bytes of the budget while the block runs. `exact` gives a smaller
+        charge at a cost (the body's estimate, where `charge` is its upper bound): asked
+        only when `charge` does not fit. (A request never waits for more while it holds
+        some: two doing so at once would keep each other out.)"""
         if exact is not None and self.held + charge > self.limit:
             charge = min(charge, exact())
-        if self.held > beside and self.held + charge > self.limit:
+        if self.held and self.held + charge > self.limit:
             # Only when it must wait: a cancel scope costs more than a small ingest's
             # bookkeeping (bench/README.md item 14).
             self._waiting += 1
             try:
                 with anyio.move_on_after(self.wait):
-                    while self.held > beside and self.held + charge > self.limit:
+                    while self.held and self.held + charge > self.limit:
                         await self._room.wait()
             finally:
                 self._waiting -= 1
-            if self.held > beside and self.held + charge > self.limit:
+            if self.held and self.held + charge > self.limit:
                 self.busy += 1
                 raise ParsingBusy(self.wait)
         self.held += charge
         try:
-            yield charge
+            yield
         finally:
             self.held -= charge
             if self._waiting:

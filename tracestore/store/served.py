@@ -52,12 +52,7 @@ def serve_trace(doc: Mapping[str, Any], received_at: datetime | None = None) -> 
         created_at = received_at.isoformat() if received_at is not None else None
         conversion = trajectories_to_trace(doc, created_at=created_at)
         return Served(conversion.data, "converted", kind, conversion)
-    raise NotFound(
-        f"run {doc.get('run_id')!r} has no full trace (its trace is "
-        f"{kind or 'null'}) and no trajectories to convert one from",
-        run_id=doc.get("run_id"),
-        trace_kind=kind,
-    )
+    raise nothing_to_serve(doc.get("run_id"), kind, "trace")
 
 
 def serve_trajectories(doc: Mapping[str, Any]) -> Served:
@@ -69,11 +64,17 @@ def serve_trajectories(doc: Mapping[str, Any]) -> Served:
     if kind in USABLE_TRACE_KINDS:
         conversion = trace_to_trajectories(doc)
         return Served(conversion.data, "converted", kind, conversion)
-    raise NotFound(
-        f"run {doc.get('run_id')!r} has no trajectories and no full trace (its trace is "
-        f"{kind or 'null'}) to convert them from",
-        run_id=doc.get("run_id"),
-        trace_kind=kind,
+    raise nothing_to_serve(doc.get("run_id"), kind, "trajectories")
+
+
+def nothing_to_serve(run_id: object, kind: str | None, part: str) -> NotFound:
+    """The 404 of a run that has neither a usable trace nor trajectories."""
+    if part == "trace":
+        what = "no full trace (its trace is {}) and no trajectories to convert one from"
+    else:
+        what = "no trajectories and no full trace (its trace is {}) to convert them from"
+    return NotFound(
+        f"run {run_id!r} has " + what.format(kind or "null"), run_id=run_id, trace_kind=kind
     )
 
 
@@ -93,6 +94,10 @@ class StoredRun:
         if part == "trace":
             return self.trace_kind not in USABLE_TRACE_KINDS
         return self.n_trajectories == 0
+
+    def servable(self) -> bool:
+        """Whether either part can be served (its usable trace or its trajectories)."""
+        return self.trace_kind in USABLE_TRACE_KINDS or self.n_trajectories > 0
 
 
 _STORED = (

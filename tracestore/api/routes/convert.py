@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -20,7 +21,14 @@ from tracestore.convert import convert_document
 from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.jsontext import dumps
-from tracestore.store.served import Served, serve_trace, serve_trajectories, stored_run
+from tracestore.store.served import (
+    Served,
+    StoredRun,
+    nothing_to_serve,
+    serve_trace,
+    serve_trajectories,
+    stored_run,
+)
 
 router = APIRouter(prefix="/v1", tags=["convert"])
 
@@ -87,13 +95,17 @@ async def get_trajectories(run_id: RunIdPath, state: StateDep) -> Response:
     return await _served(state, run_id, "trajectories")
 
 
-# What converting costs a worker beyond parsing, from bench.convert_memory and the shapes
-# measured with it (one-line steps, steps with tool calls, 1 KB string observations,
-# one-line trace events): at most 2.5x the body's parsed-size estimate plus 4 KiB per
-# trajectory step (a step becomes a time step, events and messages; one-line steps cost
-# 7x their estimate, ~3.2 KiB a step).
+# What converting costs a worker, all told (parse included), from bench.convert_memory
+# (one-line steps, steps with tool calls, 1 KB string observations, one-line trace
+# events; growth 0.47-0.76 of this): 2.5x the body's parsed-size estimate, plus 4 KiB a
+# trajectory step converted to a trace (a step becomes a time step, events and
+# messages: one-line steps cost 7x their estimate, ~3.2 KiB a step).
+Part = Literal["trace", "trajectories"]
 CONVERT_PER_ESTIMATE = 2.5
 CONVERT_PER_STEP = 4096
+# A served read whose charge from its upper bound would pass this share of the budget is
+# charged from its estimate, worked out in the thread that loads it.
+ESTIMATE_PAST = 4
 
 
 def _steps(doc: Mapping[str, Any]) -> int:
@@ -107,21 +119,20 @@ def _steps(doc: Mapping[str, Any]) -> int:
     )
 
 
-def _conversion_cost(estimate: int, doc: Mapping[str, Any], to: str) -> int:
-    """What converting `doc` (parsed-size estimate `estimate`) to `to` costs, all told."""
-    cost = CONVERT_PER_ESTIMATE * estimate
-    if to == "trace":
-        cost += CONVERT_PER_STEP * _steps(doc)
-    return int(cost)
+def _conversion_cost(estimate: int, steps: int, to: str) -> int:
+    """What converting a document of parsed-size estimate `estimate` and `steps`
+    trajectory steps to `to` costs, all told."""
+    return int(CONVERT_PER_ESTIMATE * estimate) + (CONVERT_PER_STEP * steps if to == "trace" else 0)
 
 
-def _read(raw: bytes, to: str) -> tuple[dict[str, Any], int]:
-    """The validated document and what converting it costs (bytes, all told)."""
+def _cost(raw: bytes, to: str) -> int:
+    """What converting the document `raw` costs (bytes, all told); 4xx for bad input."""
     doc = validate_rollout(parse_json(raw))
-    return doc, _conversion_cost(parsed_estimate(raw), doc, to)
+    return _conversion_cost(parsed_estimate(raw), _steps(doc), to)
 
 
-def _answer(doc: dict[str, Any], to: str, replace: bool) -> bytes:
+def _answer(raw: bytes, to: str, replace: bool) -> bytes:
+    doc = validate_rollout(parse_json(raw))
     # Not stored, so the request's time is when this trace came to be.
     now = datetime.now(UTC).isoformat()
     new_doc, conversion = convert_document(doc, to, replace=replace, created_at=now)
@@ -129,38 +140,52 @@ def _answer(doc: dict[str, Any], to: str, replace: bool) -> bytes:
     return dumps({"document": new_doc, **conversion.report()})
 
 
-def _serve(raw: bytes, received_at: datetime, part: str) -> Response:
+def _serving_charge(run: StoredRun, part: Part, estimate: int, limit: int) -> int:
+    # A stored part costs its parse; a converted one, the conversion. At most the whole
+    # budget: a stored rollout is served whatever it costs, alone if need be.
+    if run.converts(part):
+        return min(_conversion_cost(estimate, run.n_steps, part), limit)
+    return min(estimate, limit)
+
+
+def _stored_and_charge(
+    session: Session, run_id: str, part: Part, limit: int
+) -> tuple[StoredRun, int, bool]:
+    """The stored run, what serving its `part` is charged, and whether that charge is
+    its upper bound (an exact one may be smaller). NotFound when there is nothing to serve."""
+    run = stored_run(session, run_id)
+    if not run.servable():  # from its run row: no document parsed for a 404
+        raise nothing_to_serve(run_id, run.trace_kind, part)
+    bound = _serving_charge(run, part, len(run.raw) * MAX_PER_BYTE, limit)
+    if bound > limit // ESTIMATE_PAST:
+        # Its estimate instead, here in a thread (~0.45 ms per 100 KB): the bound would
+        # take much of the budget from ingests.
+        return run, _serving_charge(run, part, parsed_estimate(run.raw), limit), False
+    return run, bound, True
+
+
+def _exact_charge(run: StoredRun, part: Part, limit: int) -> int:
+    return _serving_charge(run, part, parsed_estimate(run.raw), limit)
+
+
+def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
     doc = orjson.loads(raw)
     served = serve_trace(doc, received_at) if part == "trace" else serve_trajectories(doc)
     return _response(served)
 
 
-async def _served(state: AppState, run_id: str, part: Literal["trace", "trajectories"]) -> Response:
+async def _served(state: AppState, run_id: str, part: Part) -> Response:
     """A run's `part`, stored or converted, parsed and converted inside the worker's parse
     budget (api/overload.py): a stored rollout can be as large as ingest admits, and
     converting it can cost several times its parse (docs/RELIABILITY.md)."""
-    async with state.lanes.reads.session() as session:
-        run = await run_in_threadpool(stored_run, session, run_id)
     budget = state.lanes.parsing
-    converting = run.converts(part)
-    per_step = CONVERT_PER_STEP * run.n_steps if part == "trace" else 0
-
-    def charge(estimate: int) -> int:
-        # A stored part costs its parse; a converted one, the conversion. A stored rollout
-        # is served whatever it costs: past the whole budget, it waits to be alone in it.
-        total = int(CONVERT_PER_ESTIMATE * estimate) + per_step if converting else estimate
-        return min(total, budget.limit)
-
-    bound = len(run.raw) * MAX_PER_BYTE
-    exact: Callable[[], int] | None = None
-    if charge(bound) >= budget.limit:
-        # Its estimate, not its bound, which would take the whole budget; off the event
-        # loop for a large document (~0.45 ms per 100 KB).
-        bound = await run_in_threadpool(parsed_estimate, run.raw)
-    else:  # as an ingest's small body: its estimate only when its bound does not fit
-        exact = partial(parsed_estimate, run.raw)
-    charge_exact = None if exact is None else (lambda: charge(exact()))
-    async with budget.hold(charge(bound), charge_exact):
+    async with state.lanes.reads.session() as session:
+        run, charge, bound = await run_in_threadpool(
+            _stored_and_charge, session, run_id, part, budget.limit
+        )
+    # As an ingest's small body: its exact charge only when its bound does not fit.
+    exact = partial(_exact_charge, run, part, budget.limit) if bound else None
+    async with budget.hold(charge, exact):
         return await run_in_threadpool(_serve, run.raw, run.received_at, part)
 
 
@@ -195,20 +220,21 @@ async def post_convert(
     require_json(request)
     charge = Charge()
     raw = await read_body(request, state.settings.max_body_bytes, charge)
-    # In the worker's parse budget with its ingests (api/overload.py), first for parsing
-    # (an ingest's charge), then for the rest of what converting costs, which can be
-    # several times that: outside the budget, conversions at once in the thread pool took
-    # a worker past twice the in-flight limit (docs/RELIABILITY.md).
+    # In the worker's parse budget with its ingests (api/overload.py), in two passes of
+    # one hold each: the first parses (an ingest's charge) to learn what converting costs,
+    # which can be several times that; the second converts, holding it. A request never
+    # waits for more while it holds: two conversions each holding their parse and waiting
+    # for the rest would keep each other out until their wait ran out.
     budget = state.lanes.parsing
-    async with budget.hold(charge.bytes, lambda: parsed_estimate(raw)) as held:
-        doc, cost = await run_in_threadpool(_read, raw, to)
-        if cost > budget.limit:
-            raise PayloadTooLarge(
-                f"converting this document would take about {cost} bytes of memory, more "
-                f"than the {budget.limit} a worker allows (TRACESTORE_MAX_PARSED_BYTES); "
-                "convert it offline with `tracestore convert`",
-                limit=budget.limit,
-            )
-        async with budget.hold(max(0, cost - held), beside=held):
-            answer = await run_in_threadpool(_answer, doc, to, replace)
+    async with budget.hold(charge.bytes, lambda: parsed_estimate(raw)):
+        cost = await run_in_threadpool(_cost, raw, to)
+    if cost > budget.limit:
+        raise PayloadTooLarge(
+            f"converting this document would take about {cost} bytes of memory, more than "
+            f"the {budget.limit} a worker allows (TRACESTORE_MAX_PARSED_BYTES); convert it "
+            "offline with `tracestore convert`",
+            limit=budget.limit,
+        )
+    async with budget.hold(cost):
+        answer = await run_in_threadpool(_answer, raw, to, replace)
     return Response(answer, media_type="application/json")
