@@ -96,10 +96,10 @@ async def get_trajectories(run_id: RunIdPath, state: StateDep) -> Response:
 
 
 # What converting costs a worker, all told (parse included), from bench.convert_memory
-# (one-line steps, steps with tool calls, 1 KB string observations, one-line trace
-# events; growth 0.47-0.76 of this): 2.5x the body's parsed-size estimate, plus 4 KiB a
-# trajectory step converted to a trace (a step becomes a time step, events and
-# messages: one-line steps cost 7x their estimate, ~3.2 KiB a step).
+# (minimal and one-line steps, steps with a tool call, 1 KB string observations, trace
+# events to trajectories, to 200,000 steps; growth 0.52-0.76 of this): 2.5x the body's
+# parsed-size estimate, plus 4 KiB a trajectory step converted to a trace (a step
+# becomes a time step, events and messages: minimal steps cost 7x their estimate).
 Part = Literal["trace", "trajectories"]
 CONVERT_PER_ESTIMATE = 2.5
 CONVERT_PER_STEP = 4096
@@ -160,7 +160,7 @@ def _stored_and_charge(
     if bound > limit // ESTIMATE_PAST:
         # Its estimate instead, here in a thread (~0.45 ms per 100 KB): the bound would
         # take much of the budget from ingests.
-        return run, _serving_charge(run, part, parsed_estimate(run.raw), limit), False
+        return run, _exact_charge(run, part, limit), False
     return run, bound, True
 
 
