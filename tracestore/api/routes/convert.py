@@ -198,7 +198,9 @@ async def _served(state: AppState, run_id: str, part: Part) -> Response:
         "`kept`, with a warning) unless `replace=true`; a conversion that gives nothing never "
         "replaces a real part. Returns the document, `action` (`filled`, `kept`, "
         "`replaced`), `warnings`, the loss report, `lossless` (nothing of the source lost) "
-        "and the provenance (converter, version, source sha256)."
+        "and the provenance (converter, version, source sha256). 413 also when converting "
+        "the document would take more memory than a worker allows "
+        "(TRACESTORE_MAX_PARSED_BYTES; `tracestore convert` does it offline)."
     ),
     responses=error_responses(400, 401, 413, 422),
     openapi_extra={
