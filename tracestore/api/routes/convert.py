@@ -140,12 +140,10 @@ def _answer(raw: bytes, to: str, replace: bool) -> bytes:
     return dumps({"document": new_doc, **conversion.report()})
 
 
-def _serving_charge(run: StoredRun, part: Part, estimate: int, limit: int) -> int:
-    # A stored part costs its parse; a converted one, the conversion. At most the whole
-    # budget: a stored rollout is served whatever it costs, alone if need be.
-    if run.converts(part):
-        return min(_conversion_cost(estimate, run.n_steps, part), limit)
-    return min(estimate, limit)
+def _serving_charge(run: StoredRun, part: Part, estimate: int) -> int:
+    # A stored part costs its parse; a converted one, the conversion. A charge past the
+    # whole budget goes in alone, as any does (ParseBudget): a stored run stays readable.
+    return _conversion_cost(estimate, run.n_steps, part) if run.converts(part) else estimate
 
 
 def _stored_and_charge(
@@ -156,16 +154,16 @@ def _stored_and_charge(
     run = stored_run(session, run_id)
     if not run.servable():  # from its run row: no document parsed for a 404
         raise nothing_to_serve(run_id, run.trace_kind, part)
-    bound = _serving_charge(run, part, len(run.raw) * MAX_PER_BYTE, limit)
+    bound = _serving_charge(run, part, len(run.raw) * MAX_PER_BYTE)
     if bound > limit // ESTIMATE_PAST:
         # Its estimate instead, here in a thread (~0.45 ms per 100 KB): the bound would
         # take much of the budget from ingests.
-        return run, _exact_charge(run, part, limit), False
+        return run, _exact_charge(run, part), False
     return run, bound, True
 
 
-def _exact_charge(run: StoredRun, part: Part, limit: int) -> int:
-    return _serving_charge(run, part, parsed_estimate(run.raw), limit)
+def _exact_charge(run: StoredRun, part: Part) -> int:
+    return _serving_charge(run, part, parsed_estimate(run.raw))
 
 
 def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
@@ -184,7 +182,7 @@ async def _served(state: AppState, run_id: str, part: Part) -> Response:
             _stored_and_charge, session, run_id, part, budget.limit
         )
     # As an ingest's small body: its exact charge only when its bound does not fit.
-    exact = partial(_exact_charge, run, part, budget.limit) if bound else None
+    exact = partial(_exact_charge, run, part) if bound else None
     async with budget.hold(charge, exact):
         return await run_in_threadpool(_serve, run.raw, run.received_at, part)
 
