@@ -287,6 +287,50 @@ def concurrent_random_strings_under_cap() -> Callable[[Server], str]:
     return _at_once(random_string_under_cap(), "/v1/rollouts", 32, 1)
 
 
+def _stored_steps_run(server: Server, run_id: str, n: int) -> None:
+    """Store a trajectories-only rollout of `n` one-line steps (5 MiB for 200,000: it
+    costs ~7x its parsed-size estimate converted to a trace)."""
+    doc = {
+        "run_id": run_id,
+        "trajectories": [
+            {
+                "env_id": "e",
+                "policy_id": "p",
+                "steps": [{"reward": 0, "done": False}] * n,
+                "length": n,
+                "inference_url": "",
+            }
+        ],
+        "metrics": {"episode_returns": [0], "mean_return": 0, "num_steps": n},
+    }
+    answer = _post(server, "/v1/rollouts", gzip.compress(orjson.dumps(doc), 1), "application/json")
+    if not answer.startswith(("200", "201")):
+        raise RuntimeError(f"storing {run_id}: {answer}")
+
+
+def concurrent_inspections() -> Callable[[Server], str]:
+    """8 inspections at once (GET /v1/inspect/{run_id}) of a stored trajectories-only run
+    of 200,000 one-line steps: each converts the run to a trace on read. The run is stored
+    first and the peak reset after it, so the peak is the reads'."""
+
+    def attack(server: Server) -> str:
+        _stored_steps_run(server, "inspected", 200_000)
+        server.reset_peak()
+
+        def inspect(_: int) -> str:
+            response = httpx.get(server.url + "/v1/inspect/inspected", timeout=600)
+            code = ""
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                code = " " + response.json()["error"]["code"]
+            return f"{response.status_code}{code}"
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = Counter(pool.map(inspect, range(8)))
+        return ", ".join(f"{k} x {a}" for a, k in sorted(answers.items()))
+
+    return attack
+
+
 def _real(n_bytes: int) -> bytes:
     from bench.corpus import sized
 
@@ -444,6 +488,10 @@ ATTACKS: dict[str, tuple[str, Make]] = {
     "concurrent_random_strings_under_cap": (
         "32 posts at once of the random-ASCII-string rollout the estimate admits",
         concurrent_random_strings_under_cap,
+    ),
+    "concurrent_inspections": (
+        "8 inspections at once (GET /v1/inspect) of a stored run of 200,000 one-line steps",
+        concurrent_inspections,
     ),
     "repeated_key_rollout": (
         "one rollout of empty objects the estimate admits, repeating a key at its end",

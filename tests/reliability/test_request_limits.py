@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -547,6 +548,22 @@ def test_conversions_at_once_that_fit_one_at_a_time_are_all_answered(tmp_path: P
         assert _budget(client)[0].held == 0
 
 
+@contextmanager
+def _steps_stored(tmp_path: Path) -> Iterator[tuple[TestClient, str, int, int]]:
+    """A client of an app over a new store holding the trajectories-only run
+    `convert-steps` of 20,000 one-line steps (TRACESTORE_DB_WAIT 0.3 s); the store's URL,
+    the run's parsed-size estimate, and a charge that leaves the budget room for the
+    run's parse but not for its conversion."""
+    url = _migrated(tmp_path)
+    body = _one_line_steps(20_000)
+    estimate = parsed_estimate(body)
+    headers = {"Content-Type": "application/json"}
+    with TestClient(create_app(Settings(database_url=url, db_wait=0.3))) as client:
+        assert client.post("/v1/rollouts", content=body, headers=headers).status_code == 201
+        budget = _budget(client)[0]
+        yield client, url, estimate, budget.limit - estimate - 8 * MIB
+
+
 def test_served_reads_parse_and_convert_inside_the_parse_budget(tmp_path: Path) -> None:
     # GET .../trace of a run stored with trajectories only converts it on every read: a
     # stored rollout of one-line steps cost such a read ~7x its estimate, outside any
@@ -554,15 +571,8 @@ def test_served_reads_parse_and_convert_inside_the_parse_budget(tmp_path: Path) 
     # room for the parse only, the converting read waits and is refused 503, while the
     # read of the stored part is served. A conversion costing past the whole budget is
     # still served (a stored run is always readable), alone.
-    url = _migrated(tmp_path)
-    body = _one_line_steps(20_000)
-    estimate = parsed_estimate(body)
-    headers = {"Content-Type": "application/json"}
-    app = create_app(Settings(database_url=url, db_wait=0.3))
-    with TestClient(app) as client:
-        assert client.post("/v1/rollouts", content=body, headers=headers).status_code == 201
+    with _steps_stored(tmp_path) as (client, url, estimate, others):
         budget, portal = _budget(client)
-        others = budget.limit - estimate - 8 * MIB  # the parse fits, the conversion not
         with portal.wrap_async_context_manager(budget.hold(others)):
             refused = client.get("/v1/rollouts/convert-steps/trace")
             assert refused.status_code == 503, refused.text[:300]
@@ -591,3 +601,45 @@ def test_served_reads_parse_and_convert_inside_the_parse_budget(tmp_path: Path) 
         alone = client.get("/v1/rollouts/convert-steps/trace")
         assert alone.status_code == 200, alone.text[:300]
         assert len(alone.json()["session_time_steps"]) == 20_000
+
+
+def test_inspections_that_convert_a_part_hold_the_parse_budget(tmp_path: Path) -> None:
+    # The inspector (its JSON and the run page) converts the part a run lacks on read:
+    # eight inspections at once of a stored run of 200,000 one-line steps took a worker to
+    # 4.1 GiB, outside any bound (`bench.hostile_memory --only concurrent_inspections`).
+    # Now an inspection that converts holds what converting costs: with room for the
+    # parse only, it waits and is refused 503, while inspections that convert nothing
+    # (a run with both parts, a panel that reads no part, a run that is not there) are
+    # answered with the budget full.
+    with _steps_stored(tmp_path) as (client, _, _, others):
+        # A run with both parts: the minimal rollout and its trace.
+        both_id = "both-parts"
+        both = client.post("/v1/convert?to=trace", json=minimal_rollout(both_id))
+        assert client.post("/v1/rollouts", json=both.json()["document"]).status_code == 201
+        budget, portal = _budget(client)
+        with portal.wrap_async_context_manager(budget.hold(others)):
+            for path in ("/v1/inspect/convert-steps", "/runs/convert-steps"):
+                refused = client.get(path)
+                assert refused.status_code == 503, (path, refused.text[:300])
+                assert refused.json()["error"]["code"] == "overloaded"
+        with portal.wrap_async_context_manager(budget.hold(budget.limit)):
+            for path in (
+                f"/v1/inspect/{both_id}",
+                f"/runs/{both_id}",
+                "/v1/inspect/convert-steps?panel=drift",
+                "/v1/inspect/convert-steps?panel=header",
+            ):
+                served = client.get(path)
+                assert served.status_code == 200, (path, served.text[:300])
+            assert client.get("/v1/inspect/no-such-run").status_code == 404
+            assert budget.held == budget.limit
+        assert budget.held == 0
+        inspected = client.get("/v1/inspect/convert-steps")
+        assert inspected.status_code == 200, inspected.text[:300]
+        parts = {p["part"]: p["source"] for p in inspected.json()["parts"]}
+        assert parts == {"trajectories": "stored", "trace": "converted"}
+        assert inspected.json()["steps"]["total"] == 20_000
+        page = client.get("/runs/convert-steps?step=19999")
+        assert page.status_code == 200
+        assert "converted from the trajectories on read" in page.text
+        assert budget.held == 0

@@ -29,7 +29,13 @@ from tests.web.conftest import (
 from tracestore.db.engine import create_engine
 from tracestore.errors import InvalidRequest, NotFound
 from tracestore.inspect.models import TraceStep
-from tracestore.inspect.run import inspect_run, page_of, trace_step, trajectory_step
+from tracestore.inspect.run import (
+    converted_part,
+    inspect_run,
+    page_of,
+    trace_step,
+    trajectory_step,
+)
 from tracestore.inspect.search import resolve, run_links, store_figures
 from tracestore.inspect.sides import (
     DocumentTrace,
@@ -159,6 +165,13 @@ def test_every_run_says_where_each_format_comes_from(
         sources = {p.part: p for p in inspected.parts}
         want = expected[ex.label["kind"]]
         assert (sources["trajectories"].source, sources["trace"].source) == want
+        # What api/held.py charges the budget for, from the run row alone: the part
+        # converted, and none for a panel that reads no part.
+        run = session.execute(select(Run).where(Run.run_id == ex.label["run_id"])).scalar_one()
+        converted = [p.part for p in inspected.parts if p.source == "converted"]
+        charged = converted_part(run.trace_kind, run.n_trajectories, "parts")
+        assert ([] if charged is None else [charged]) == converted
+        assert converted_part(run.trace_kind, run.n_trajectories, "drift") is None
         for part in inspected.parts:
             if part.source == "converted":
                 report = part.report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from sqlalchemy import select
@@ -44,7 +44,12 @@ from tracestore.models import Run, Trajectory
 from tracestore.models.traces import Trace
 from tracestore.store.documents import load_document_received
 from tracestore.store.runs import run_summary
-from tracestore.store.served import USABLE_TRACE_KINDS, serve_trace, serve_trajectories
+from tracestore.store.served import (
+    USABLE_TRACE_KINDS,
+    StoredRun,
+    serve_trace,
+    serve_trajectories,
+)
 from tracestore.toolcalls import normalize_tool_call
 from tracestore.wire.trace import message_value
 
@@ -238,17 +243,40 @@ def trace_step(slot: TraceSlot) -> TraceStep:
 # --- the run ------------------------------------------------------------------------------
 
 
+# The panels that read the run's two sides (and convert a part the run lacks).
+SIDE_PANELS = ("all", "parts", "rewards", "steps")
+
+
+def converted_part(
+    trace_kind: str | None, n_trajectories: int, panel: str = "all"
+) -> Literal["trace", "trajectories"] | None:
+    """The part inspecting a run's `panel` converts from the other (parsing the run's
+    document), from its run row's columns; None when it reads stored parts only."""
+    if panel not in SIDE_PANELS:
+        return None
+    usable = trace_kind in USABLE_TRACE_KINDS
+    if n_trajectories == 0 and usable:
+        return "trajectories"
+    if n_trajectories > 0 and not usable:
+        return "trace"
+    return None
+
+
 class _Document:
     """The run's document, parsed on first use (only a converted part needs it)."""
 
-    def __init__(self, session: Session, run_id: str) -> None:
+    def __init__(self, session: Session, run_id: str, stored: StoredRun | None) -> None:
         self.session = session
         self.run_id = run_id
+        self.stored = stored  # already loaded (api/held.py: to charge its conversion)
         self._value: tuple[dict[str, Any], datetime] | None = None
 
     def get(self) -> tuple[dict[str, Any], datetime]:
         if self._value is None:
-            raw, received_at = load_document_received(self.session.connection(), self.run_id)
+            if self.stored is not None:
+                raw, received_at = self.stored.raw, self.stored.received_at
+            else:
+                raw, received_at = load_document_received(self.session.connection(), self.run_id)
             self._value = (orjson.loads(raw), received_at)
         return self._value
 
@@ -423,9 +451,11 @@ def inspect_run(
     offset: int = 0,
     limit: int = STEPS_PER_PAGE,
     step: int | None = None,
+    document: StoredRun | None = None,
 ) -> RunInspection:
     """The run page's panels (`panel`: one of PANELS), with steps [offset, offset+limit);
-    `step` picks the page that holds it instead. NotFound when no such run."""
+    `step` picks the page that holds it instead. NotFound when no such run. `document`:
+    the run's stored document, when the caller loaded it already (`converted_part`)."""
     if panel not in PANELS:
         raise InvalidRequest(f"unknown panel {panel!r}; panels: {', '.join(PANELS)}", panel=panel)
     if not 1 <= limit <= MAX_STEPS_PER_PAGE:
@@ -450,8 +480,10 @@ def inspect_run(
         drift = run_drift(session, run_id)
         if wants("drift"):
             out.drift = drift
-    if wants("parts") or wants("rewards") or wants("steps"):
-        trajectories, trace, parts = _sides(session, run, trace_row, _Document(session, run_id))
+    if panel in SIDE_PANELS:
+        trajectories, trace, parts = _sides(
+            session, run, trace_row, _Document(session, run_id, document)
+        )
         if wants("parts"):
             out.parts = parts
         findings = drift.findings if drift is not None else []

@@ -13,10 +13,12 @@ from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from tracestore.api.body import read_body
 from tracestore.api.deps import ReadSessionDep, StateDep, check_key, identify
 from tracestore.api.errors import status_of
+from tracestore.api.held import held_inspection
 from tracestore.api.pages import links
 from tracestore.api.pages.chart import reward_svg
 from tracestore.api.pages.render import STATIC, render_page
@@ -34,7 +36,6 @@ from tracestore.inspect.run import (
     MAX_POSITION,
     MAX_STEPS_PER_PAGE,
     STEPS_PER_PAGE,
-    inspect_run,
 )
 from tracestore.inspect.search import resolve, run_links, store_figures
 from tracestore.settings import Settings
@@ -234,36 +235,42 @@ def runs_page(
 
 
 @pages.get("/runs/{run_id:run_id}")
-def run_page(
+async def run_page(
     run_id: str,
     request: Request,
     state: StateDep,
-    session: ReadSessionDep,
     offset: Annotated[int, Query(ge=0, le=MAX_POSITION)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_STEPS_PER_PAGE)] = STEPS_PER_PAGE,
     step: Annotated[int | None, Query(ge=0, le=MAX_POSITION)] = None,
 ) -> Response:
     """A run: header, parts, drift, reward per step, and one page of its steps."""
     try:
-        run = inspect_run(session, run_id, offset=offset, limit=limit, step=step)
+        # Holding what converting a part costs, when it converts one (api/held.py).
+        run = await held_inspection(state, run_id, offset=offset, limit=limit, step=step)
     except TracestoreError as exc:
         return error_page(request, state.settings, exc)
     # Panel "all": every panel is there.
     assert run.steps is not None
     assert run.rewards is not None
+    rewards = run.rewards
 
-    return render_page(
-        request,
-        state.settings,
-        "run.html",
-        {
-            "title": f"run {run_id}",
-            "run": run,
-            "chart": reward_svg(run.rewards, links.run_href(run_id)),
-            "target": step,
-            "default_limit": STEPS_PER_PAGE,
-        },
-    )
+    def render() -> Response:
+        return render_page(
+            request,
+            state.settings,
+            "run.html",
+            {
+                "title": f"run {run_id}",
+                "run": run,
+                "chart": reward_svg(rewards, links.run_href(run_id)),
+                "target": step,
+                "default_limit": STEPS_PER_PAGE,
+            },
+        )
+
+    # In a thread, as the page's plain `def` was: a run's chart and page are not drawn on
+    # the event loop.
+    return await run_in_threadpool(render)
 
 
 # --- one correlation id -------------------------------------------------------------------

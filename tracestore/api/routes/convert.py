@@ -4,31 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from tracestore.api.body import MAX_PER_BYTE, Charge, parsed_estimate, read_body, require_json
+from tracestore.api.body import Charge, parsed_estimate, read_body, require_json
 from tracestore.api.deps import AppState, StateDep
+from tracestore.api.held import Part, conversion_cost, served_read
 from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
 from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
 from tracestore.jsontext import dumps
-from tracestore.store.served import (
-    Served,
-    StoredRun,
-    nothing_to_serve,
-    serve_trace,
-    serve_trajectories,
-    stored_run,
-)
+from tracestore.store.served import Served, serve_trace, serve_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
 
@@ -95,19 +87,6 @@ async def get_trajectories(run_id: RunIdPath, state: StateDep) -> Response:
     return await _served(state, run_id, "trajectories")
 
 
-# What converting costs a worker, all told (parse included), from bench.convert_memory
-# (minimal and one-line steps, steps with a tool call, 1 KB string observations, trace
-# events to trajectories, to 200,000 steps; growth 0.52-0.76 of this): 2.5x the body's
-# parsed-size estimate, plus 4 KiB a trajectory step converted to a trace (a step
-# becomes a time step, events and messages: minimal steps cost 7x their estimate).
-Part = Literal["trace", "trajectories"]
-CONVERT_PER_ESTIMATE = 2.5
-CONVERT_PER_STEP = 4096
-# A served read whose charge from its upper bound would pass this share of the budget is
-# charged from its estimate, worked out in the thread that loads it.
-ESTIMATE_PAST = 4
-
-
 def _steps(doc: Mapping[str, Any]) -> int:
     trajectories = doc.get("trajectories")
     if not isinstance(trajectories, list):
@@ -119,16 +98,10 @@ def _steps(doc: Mapping[str, Any]) -> int:
     )
 
 
-def _conversion_cost(estimate: int, steps: int, to: str) -> int:
-    """What converting a document of parsed-size estimate `estimate` and `steps`
-    trajectory steps to `to` costs, all told."""
-    return int(CONVERT_PER_ESTIMATE * estimate) + (CONVERT_PER_STEP * steps if to == "trace" else 0)
-
-
 def _cost(raw: bytes, to: str) -> int:
     """What converting the document `raw` costs (bytes, all told); 4xx for bad input."""
     doc = validate_rollout(parse_json(raw))
-    return _conversion_cost(parsed_estimate(raw), _steps(doc), to)
+    return conversion_cost(parsed_estimate(raw), _steps(doc), to)
 
 
 def _answer(raw: bytes, to: str, replace: bool) -> bytes:
@@ -140,32 +113,6 @@ def _answer(raw: bytes, to: str, replace: bool) -> bytes:
     return dumps({"document": new_doc, **conversion.report()})
 
 
-def _serving_charge(run: StoredRun, part: Part, estimate: int) -> int:
-    # A stored part costs its parse; a converted one, the conversion. A charge past the
-    # whole budget goes in alone, as any does (ParseBudget): a stored run stays readable.
-    return _conversion_cost(estimate, run.n_steps, part) if run.converts(part) else estimate
-
-
-def _stored_and_charge(
-    session: Session, run_id: str, part: Part, limit: int
-) -> tuple[StoredRun, int, bool]:
-    """The stored run, what serving its `part` is charged, and whether that charge is
-    its upper bound (an exact one may be smaller). NotFound when there is nothing to serve."""
-    run = stored_run(session, run_id)
-    if not run.servable():  # from its run row: no document parsed for a 404
-        raise nothing_to_serve(run_id, run.trace_kind, part)
-    bound = _serving_charge(run, part, len(run.raw) * MAX_PER_BYTE)
-    if bound > limit // ESTIMATE_PAST:
-        # Its estimate instead, here in a thread (~0.45 ms per 100 KB): the bound would
-        # take much of the budget from ingests.
-        return run, _exact_charge(run, part), False
-    return run, bound, True
-
-
-def _exact_charge(run: StoredRun, part: Part) -> int:
-    return _serving_charge(run, part, parsed_estimate(run.raw))
-
-
 def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
     doc = orjson.loads(raw)
     served = serve_trace(doc, received_at) if part == "trace" else serve_trajectories(doc)
@@ -174,17 +121,8 @@ def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
 
 async def _served(state: AppState, run_id: str, part: Part) -> Response:
     """A run's `part`, stored or converted, parsed and converted inside the worker's parse
-    budget (api/overload.py): a stored rollout can be as large as ingest admits, and
-    converting it can cost several times its parse (docs/RELIABILITY.md)."""
-    budget = state.lanes.parsing
-    async with state.lanes.reads.session() as session:
-        run, charge, bound = await run_in_threadpool(
-            _stored_and_charge, session, run_id, part, budget.limit
-        )
-    # As an ingest's small body: its exact charge only when its bound does not fit.
-    exact = partial(_exact_charge, run, part) if bound else None
-    async with budget.hold(charge, exact):
-        return await run_in_threadpool(_serve, run.raw, run.received_at, part)
+    budget (api/held.py)."""
+    return await served_read(state, run_id, part, _serve)
 
 
 @router.post(

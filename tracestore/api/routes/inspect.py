@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from tracestore.api.deps import ReadSessionDep, StateDep
+from tracestore.api.held import held_inspection
 from tracestore.api.params import RunFilterDep, RunIdPath
 from tracestore.api.routes.drift import BudgetQuery, DaysQuery, KindQuery, drift_report
 from tracestore.api.schemas import error_responses
@@ -18,7 +19,6 @@ from tracestore.inspect.run import (
     MAX_POSITION,
     MAX_STEPS_PER_PAGE,
     STEPS_PER_PAGE,
-    inspect_run,
 )
 
 router = APIRouter(prefix="/v1", tags=["inspector"])
@@ -41,9 +41,9 @@ router = APIRouter(prefix="/v1", tags=["inspector"])
     ),
     responses=error_responses(401, 404, 422),
 )
-def get_inspection(
+async def get_inspection(
     run_id: RunIdPath,
-    session: ReadSessionDep,
+    state: StateDep,
     panel: Annotated[Panel, Query(description="The panel to answer with.")] = "all",
     offset: Annotated[int, Query(ge=0, le=MAX_POSITION, description="First step of the page.")] = 0,
     limit: Annotated[
@@ -54,8 +54,8 @@ def get_inspection(
         Query(ge=0, le=MAX_POSITION, description="Answer with the page holding this step."),
     ] = None,
 ) -> RunInspection:
-    """Inspect a run."""
-    return inspect_run(session, run_id, panel=panel, offset=offset, limit=limit, step=step)
+    """Inspect a run (holding what converting a part costs, when it converts one)."""
+    return await held_inspection(state, run_id, panel=panel, offset=offset, limit=limit, step=step)
 
 
 @router.get(
