@@ -39,6 +39,7 @@ from tracestore.api.overload import ParseBudget, ParsingBusy
 from tracestore.api.routes.convert import _cost
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
+from tracestore.inspect.run import SIDE_PANELS
 from tracestore.settings import Settings
 
 MIB = 1024 * 1024
@@ -549,16 +550,18 @@ def test_conversions_at_once_that_fit_one_at_a_time_are_all_answered(tmp_path: P
 
 
 @contextmanager
-def _steps_stored(tmp_path: Path) -> Iterator[tuple[TestClient, str, int, int]]:
+def _steps_stored(
+    tmp_path: Path, db_wait: float = 0.3
+) -> Iterator[tuple[TestClient, str, int, int]]:
     """A client of an app over a new store holding the trajectories-only run
-    `convert-steps` of 20,000 one-line steps (TRACESTORE_DB_WAIT 0.3 s); the store's URL,
-    the run's parsed-size estimate, and a charge that leaves the budget room for the
+    `convert-steps` of 20,000 one-line steps (TRACESTORE_DB_WAIT `db_wait`); the store's
+    URL, the run's parsed-size estimate, and a charge that leaves the budget room for the
     run's parse but not for its conversion."""
     url = _migrated(tmp_path)
     body = _one_line_steps(20_000)
     estimate = parsed_estimate(body)
     headers = {"Content-Type": "application/json"}
-    with TestClient(create_app(Settings(database_url=url, db_wait=0.3))) as client:
+    with TestClient(create_app(Settings(database_url=url, db_wait=db_wait))) as client:
         assert client.post("/v1/rollouts", content=body, headers=headers).status_code == 201
         budget = _budget(client)[0]
         yield client, url, estimate, budget.limit - estimate - 8 * MIB
@@ -616,12 +619,21 @@ def test_inspections_that_convert_a_part_hold_the_parse_budget(tmp_path: Path) -
         both_id = "both-parts"
         both = client.post("/v1/convert?to=trace", json=minimal_rollout(both_id))
         assert client.post("/v1/rollouts", json=both.json()["document"]).status_code == 201
+        # A trace-only run (its trajectories converted on read), charged as much as the
+        # trajectories-only one: the same room leaves out both conversions.
+        trace = client.post("/v1/convert?to=trace", content=_one_line_steps(20_000))
+        trace_only = {**trace.json()["document"], "run_id": "trace-only", "trajectories": []}
+        assert client.post("/v1/rollouts", json=trace_only).status_code == 201
         budget, portal = _budget(client)
         with portal.wrap_async_context_manager(budget.hold(others)):
             for path in ("/v1/inspect/convert-steps", "/runs/convert-steps"):
                 refused = client.get(path)
                 assert refused.status_code == 503, (path, refused.text[:300])
                 assert refused.json()["error"]["code"] == "overloaded"
+            for run_id in ("convert-steps", "trace-only"):
+                for panel in SIDE_PANELS:
+                    refused = client.get(f"/v1/inspect/{run_id}?panel={panel}")
+                    assert refused.status_code == 503, (run_id, panel, refused.text[:300])
         with portal.wrap_async_context_manager(budget.hold(budget.limit)):
             for path in (
                 f"/v1/inspect/{both_id}",
@@ -638,8 +650,44 @@ def test_inspections_that_convert_a_part_hold_the_parse_budget(tmp_path: Path) -
         assert inspected.status_code == 200, inspected.text[:300]
         parts = {p["part"]: p["source"] for p in inspected.json()["parts"]}
         assert parts == {"trajectories": "stored", "trace": "converted"}
+        parts_of_trace_only = client.get("/v1/inspect/trace-only?panel=parts").json()["parts"]
+        assert {p["part"]: p["source"] for p in parts_of_trace_only} == {
+            "trajectories": "converted",
+            "trace": "stored",
+        }
         assert inspected.json()["steps"]["total"] == 20_000
         page = client.get("/runs/convert-steps?step=19999")
         assert page.status_code == 200
         assert "converted from the trajectories on read" in page.text
         assert budget.held == 0
+
+
+def test_reads_that_wait_for_the_budget_answer_the_run_as_stored_after_the_wait(
+    tmp_path: Path,
+) -> None:
+    # A converting read that must wait for the budget drops the document it loaded (any
+    # number of reads may wait, each keeping up to the largest body outside any bound)
+    # and reads the run again once there is room. So a run deleted and stored anew
+    # meanwhile is answered as stored now: a helper's review found an inspection that
+    # answered the new run's header with the deleted run's converted steps.
+    new = _one_line_steps(3)  # the same run_id, three steps
+    headers = {"Content-Type": "application/json"}
+    paths = ("/v1/rollouts/convert-steps/trace", "/v1/inspect/convert-steps")
+    with _steps_stored(tmp_path, db_wait=30) as (client, _, _, _), ThreadPoolExecutor(2) as pool:
+        budget, portal = _budget(client)
+        # Room for the new post, not for either conversion of the stored run.
+        with portal.wrap_async_context_manager(budget.hold(budget.limit - MIB)):
+            waiting = [pool.submit(client.get, path) for path in paths]
+            deadline = time.monotonic() + 30
+            while budget.waiting < len(paths):
+                assert time.monotonic() < deadline, "the reads never waited for the budget"
+                time.sleep(0.01)
+            assert client.delete("/v1/rollouts/convert-steps").status_code == 204
+            assert client.post("/v1/rollouts", content=new, headers=headers).status_code == 201
+        trace, inspected = (future.result(timeout=60) for future in waiting)
+    assert trace.status_code == 200, trace.text[:300]
+    assert len(trace.json()["session_time_steps"]) == 3
+    assert inspected.status_code == 200, inspected.text[:300]
+    assert inspected.json()["header"]["n_steps"] == 3
+    assert inspected.json()["steps"]["total"] == 3
+    assert len(inspected.json()["rewards"]["trace"]) == 3

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from tracestore.api.body import MAX_PER_BYTE, parsed_estimate
 from tracestore.api.deps import AppState
+from tracestore.api.overload import ParseBudget
 from tracestore.inspect.models import RunInspection
 from tracestore.inspect.run import converted_part, inspect_run
 from tracestore.models import Run
@@ -72,17 +73,41 @@ def _exact_charge(run: StoredRun, part: Part, converts: bool) -> int:
     return _charge(run, part, converts, parsed_estimate(run.raw))
 
 
+def _settled(budget: ParseBudget, charge: int, exact: Callable[[], int] | None) -> int:
+    """The charge `budget.hold(charge, exact)` would take: the exact one when the bound
+    does not fit."""
+    if exact is not None and not budget.fits(charge):
+        return min(charge, exact())
+    return charge
+
+
+# Both reads below load the document and work out its charge in a read session; when the
+# budget has room at once they go on with that document. Otherwise they drop it before
+# waiting (any number of reads may wait, and a document kept meanwhile would be held by
+# nothing: up to the largest body a worker accepts, each) and read the run again once
+# there is room, in a new read session: so what they answer is the run as stored after
+# the wait, never a document deleted meanwhile. (Waiting, they hold no read slot; once
+# in the budget, they wait for one: nothing holds a read slot while it waits for the
+# budget, so the two waits cannot close a circle.)
+
+
 # --- served parts -------------------------------------------------------------------------
+
+
+def _servable(session: Session, run_id: str, part: Part) -> StoredRun:
+    """The stored run `run_id`; NotFound when it is not there or has nothing to serve
+    (from its run row: no document parsed for a 404)."""
+    run = stored_run(session, run_id)
+    if not run.servable():
+        raise nothing_to_serve(run_id, run.trace_kind, part)
+    return run
 
 
 def _stored_and_charge(
     session: Session, run_id: str, part: Part, limit: int
 ) -> tuple[StoredRun, int, Callable[[], int] | None]:
-    """The stored run and what serving its `part` is charged (see `_charged`). NotFound
-    when there is nothing to serve."""
-    run = stored_run(session, run_id)
-    if not run.servable():  # from its run row: no document parsed for a 404
-        raise nothing_to_serve(run_id, run.trace_kind, part)
+    """The stored run and what serving its `part` is charged (see `_charged`)."""
+    run = _servable(session, run_id, part)
     return run, *_charged(run, part, run.converts(part), limit)
 
 
@@ -96,11 +121,17 @@ async def served_read(
     what parsing (or converting) its `part` costs."""
     budget = state.lanes.parsing
     async with state.lanes.reads.session() as session:
-        run, charge, exact = await run_in_threadpool(
+        run, bound, exact = await run_in_threadpool(
             _stored_and_charge, session, run_id, part, budget.limit
         )
-    async with budget.hold(charge, exact):
-        return await run_in_threadpool(serve, run.raw, run.received_at, part)
+    charge = _settled(budget, bound, exact)
+    if budget.fits(charge):
+        async with budget.hold(charge):
+            return await run_in_threadpool(serve, run.raw, run.received_at, part)
+    del run  # not kept while waiting (above)
+    async with budget.hold(charge), state.lanes.reads.session() as session:
+        again = await run_in_threadpool(_servable, session, run_id, part)
+        return await run_in_threadpool(serve, again.raw, again.received_at, part)
 
 
 # --- the inspector ------------------------------------------------------------------------
@@ -115,7 +146,9 @@ class _Page:
     limit: int
     step: int | None
 
-    def inspect(self, session: Session, run_id: str, document: StoredRun | None) -> RunInspection:
+    def inspect(
+        self, session: Session, run_id: str, document: StoredRun | None = None
+    ) -> RunInspection:
         return inspect_run(
             session,
             run_id,
@@ -137,7 +170,7 @@ def _inspect_or_charge(
     ).first()
     part = None if row is None else converted_part(row.trace_kind, row.n_trajectories, page.panel)
     if part is None:  # nothing to convert, or no such run (inspect_run's NotFound)
-        return page.inspect(session, run_id, None)
+        return page.inspect(session, run_id)
     run = stored_run(session, run_id)
     return run, *_charged(run, part, True, budget_limit)
 
@@ -158,13 +191,16 @@ async def held_inspection(
     page = _Page(panel, offset, limit, step)
     async with state.lanes.reads.session() as session:
         found = await run_in_threadpool(_inspect_or_charge, session, run_id, budget.limit, page)
-    if isinstance(found, RunInspection):
-        return found
-    run, charge, exact = found
-    # The read slot was given back before waiting for the budget: no request holds a read
-    # slot while it waits for the budget, so one holding the budget gets a slot in turn.
-    async with budget.hold(charge, exact), state.lanes.reads.session() as session:
-        return await run_in_threadpool(page.inspect, session, run_id, run)
+        if isinstance(found, RunInspection):
+            return found
+        run, bound, exact = found
+        charge = _settled(budget, bound, exact)
+        if budget.fits(charge):  # in the same session, with the document it loaded
+            async with budget.hold(charge):
+                return await run_in_threadpool(page.inspect, session, run_id, run)
+    del run, found  # not kept while waiting (above)
+    async with budget.hold(charge), state.lanes.reads.session() as session:
+        return await run_in_threadpool(page.inspect, session, run_id)
 
 
 __all__ = [

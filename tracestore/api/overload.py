@@ -210,6 +210,16 @@ class ParseBudget:
         self._room = anyio.Event()
         self._waiting = 0  # requests waiting for room
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for room now."""
+        return self._waiting
+
+    def fits(self, charge: int) -> bool:
+        """Whether `hold(charge)` would go in now, without waiting (on the event loop,
+        nothing comes between this answer and a `hold` entered right after it)."""
+        return not self.held or self.held + charge <= self.limit
+
     @asynccontextmanager
     async def hold(
         self, charge: int, exact: Callable[[], int] | None = None
