@@ -19,8 +19,9 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -549,9 +550,17 @@ def test_conversions_at_once_that_fit_one_at_a_time_are_all_answered(tmp_path: P
         assert _budget(client)[0].held == 0
 
 
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    """Wait until `condition()` holds (polled), failing with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never came: {what}"
+        time.sleep(0.01)
+
+
 @contextmanager
 def _steps_stored(
-    tmp_path: Path, db_wait: float = 0.3
+    tmp_path: Path, db_wait: float = 0.3, **settings: Any
 ) -> Iterator[tuple[TestClient, str, int, int]]:
     """A client of an app over a new store holding the trajectories-only run
     `convert-steps` of 20,000 one-line steps (TRACESTORE_DB_WAIT `db_wait`); the store's
@@ -561,7 +570,8 @@ def _steps_stored(
     body = _one_line_steps(20_000)
     estimate = parsed_estimate(body)
     headers = {"Content-Type": "application/json"}
-    with TestClient(create_app(Settings(database_url=url, db_wait=db_wait))) as client:
+    app = create_app(Settings(database_url=url, db_wait=db_wait, **settings))
+    with TestClient(app) as client:
         assert client.post("/v1/rollouts", content=body, headers=headers).status_code == 201
         budget = _budget(client)[0]
         yield client, url, estimate, budget.limit - estimate - 8 * MIB
@@ -678,10 +688,7 @@ def test_reads_that_wait_for_the_budget_answer_the_run_as_stored_after_the_wait(
         # Room for the new post, not for either conversion of the stored run.
         with portal.wrap_async_context_manager(budget.hold(budget.limit - MIB)):
             waiting = [pool.submit(client.get, path) for path in paths]
-            deadline = time.monotonic() + 30
-            while budget.waiting < len(paths):
-                assert time.monotonic() < deadline, "the reads never waited for the budget"
-                time.sleep(0.01)
+            _until(lambda: budget.waiting == len(paths), "the reads wait for the budget")
             assert client.delete("/v1/rollouts/convert-steps").status_code == 204
             assert client.post("/v1/rollouts", content=new, headers=headers).status_code == 201
         trace, inspected = (future.result(timeout=60) for future in waiting)
@@ -691,3 +698,35 @@ def test_reads_that_wait_for_the_budget_answer_the_run_as_stored_after_the_wait(
     assert inspected.json()["header"]["n_steps"] == 3
     assert inspected.json()["steps"]["total"] == 3
     assert len(inspected.json()["rewards"]["trace"]) == 3
+
+
+def test_a_read_waiting_for_a_read_slot_holds_none_of_the_budget(tmp_path: Path) -> None:
+    # A converting read that waited for the budget needs a read slot too, once in. Holding
+    # the budget while it waited for one (reports hold slots for seconds), a read charged
+    # past the whole budget kept every ingest waiting (a helper's review: an ingest 1.8 s
+    # behind it, the read then 503 database_busy). It gives the budget back and waits for
+    # a slot holding nothing; an ingest meanwhile is answered at once.
+    estimate = parsed_estimate(_one_line_steps(20_000))
+    small = orjson.dumps(minimal_rollout("during-the-wait"))
+    headers = {"Content-Type": "application/json"}
+    # The only read slot; a budget the run's conversion passes (it goes in alone).
+    limits = {"db_pool_size": 1, "max_parsed_bytes": int(estimate * 1.5)}
+    with (
+        _steps_stored(tmp_path, db_wait=8, **limits) as (client, _, _, _),
+        ThreadPoolExecutor(2) as pool,
+        ExitStack() as slot,
+    ):
+        budget, portal = _budget(client)
+        reads = client.app.state.tracestore.lanes.reads  # type: ignore[attr-defined]
+        with portal.wrap_async_context_manager(budget.hold(1)):  # no room at once: it waits
+            read = pool.submit(client.get, "/v1/rollouts/convert-steps/trace")
+            _until(lambda: budget.waiting == 1, "the read waits for the budget")
+            slot.enter_context(portal.wrap_async_context_manager(reads.slot()))
+        _until(lambda: reads.waiting == 1, "the read waits for the read slot")
+        assert budget.held == 0
+        post = pool.submit(client.post, "/v1/rollouts", content=small, headers=headers)
+        assert post.result(timeout=4).status_code == 201
+        slot.close()
+        served = read.result(timeout=60)
+        assert served.status_code == 200, served.text[:300]
+        assert len(served.json()["session_time_steps"]) == 20_000

@@ -10,12 +10,14 @@ always; the inspector (`/v1/inspect/{run_id}`, the run page) only when it conver
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Literal
 
+import anyio
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +25,7 @@ from starlette.responses import Response
 
 from tracestore.api.body import MAX_PER_BYTE, parsed_estimate
 from tracestore.api.deps import AppState
-from tracestore.api.overload import ParseBudget
+from tracestore.api.overload import DatabaseBusy, ParseBudget
 from tracestore.inspect.models import RunInspection
 from tracestore.inspect.run import converted_part, inspect_run
 from tracestore.models import Run
@@ -85,10 +87,31 @@ def _settled(budget: ParseBudget, charge: int, exact: Callable[[], int] | None) 
 # budget has room at once they go on with that document. Otherwise they drop it before
 # waiting (any number of reads may wait, and a document kept meanwhile would be held by
 # nothing: up to the largest body a worker accepts, each) and read the run again once
-# there is room, in a new read session: so what they answer is the run as stored after
-# the wait, never a document deleted meanwhile. (Waiting, they hold no read slot; once
-# in the budget, they wait for one: nothing holds a read slot while it waits for the
-# budget, so the two waits cannot close a circle.)
+# there is room, in a new read session (`_held_session`): so what they answer is the run
+# as stored after the wait, never a document deleted meanwhile.
+
+
+@asynccontextmanager
+async def _held_session(state: AppState, charge: int) -> AsyncIterator[Session]:
+    """A read session, holding `charge` of the parse budget; never waiting for the one
+    while holding the other. Holding the budget while waiting for a read slot (reports
+    hold them for seconds), a read charged past the whole budget kept every ingest
+    waiting; holding a slot while waiting for the budget, reads waiting for room kept
+    the cid look-ups (the same lane) out. DatabaseBusy or ParsingBusy past the waits."""
+    budget, reads = state.lanes.parsing, state.lanes.reads
+    deadline = anyio.current_time() + reads.wait
+    while True:
+        async with budget.hold(charge):
+            if reads.free:  # taken at once: nothing comes between on the event loop
+                async with reads.session() as session:
+                    yield session
+                    return
+        # No slot free: give the budget back and wait for one, holding nothing.
+        if anyio.current_time() >= deadline:
+            reads.busy += 1
+            raise DatabaseBusy(reads.name, reads.wait)
+        async with reads.slot():
+            pass
 
 
 # --- served parts -------------------------------------------------------------------------
@@ -129,7 +152,7 @@ async def served_read(
         async with budget.hold(charge):
             return await run_in_threadpool(serve, run.raw, run.received_at, part)
     del run  # not kept while waiting (above)
-    async with budget.hold(charge), state.lanes.reads.session() as session:
+    async with _held_session(state, charge) as session:
         again = await run_in_threadpool(_servable, session, run_id, part)
         return await run_in_threadpool(serve, again.raw, again.received_at, part)
 
@@ -199,7 +222,7 @@ async def held_inspection(
             async with budget.hold(charge):
                 return await run_in_threadpool(page.inspect, session, run_id, run)
     del run, found  # not kept while waiting (above)
-    async with budget.hold(charge), state.lanes.reads.session() as session:
+    async with _held_session(state, charge) as session:
         return await run_in_threadpool(page.inspect, session, run_id)
 
 

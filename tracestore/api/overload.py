@@ -111,6 +111,17 @@ class Lane:
         # never queue behind other requests for a thread.
         self._threads = anyio.CapacityLimiter(slots)
 
+    @property
+    def free(self) -> int:
+        """Slots free now (a `slot()` entered right after a positive answer takes one at
+        once: nothing comes between them on the event loop)."""
+        return self._free.value
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot now."""
+        return self._free.statistics().tasks_waiting
+
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold one slot; DatabaseBusy when none came free within the lane's wait."""
