@@ -730,3 +730,68 @@ def test_a_read_waiting_for_a_read_slot_holds_none_of_the_budget(tmp_path: Path)
         served = read.result(timeout=60)
         assert served.status_code == 200, served.text[:300]
         assert len(served.json()["session_time_steps"]) == 20_000
+
+
+def test_a_read_that_waited_holds_what_the_run_costs_now(tmp_path: Path) -> None:
+    # A read that waited reads the run again once in; a run stored anew meanwhile may cost
+    # more than the one it was charged for (a helper's review: a 1,000-step run replaced
+    # by a 150,000-step one was converted holding 5.6 MiB of the budget, converting it
+    # costs 842 MiB). It gives the budget back and waits for what the run costs now.
+    url = _migrated(tmp_path)
+    small, large = _one_line_steps(2_000), _one_line_steps(10_000)  # one run_id
+    small_cost, large_cost = _cost(small, "trace"), _cost(large, "trace")
+    assert parsed_estimate(large) + MIB < small_cost < large_cost
+    headers = {"Content-Type": "application/json"}
+    app = create_app(Settings(database_url=url, db_wait=30))
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        assert client.post("/v1/rollouts", content=small, headers=headers).status_code == 201
+        budget, portal = _budget(client)
+        # Room for the small run's conversion, not the large one's.
+        room_for_small = budget.limit - small_cost
+        with portal.wrap_async_context_manager(budget.hold(room_for_small)):
+            # And, a while, not even for the small one's: the read waits; the large run
+            # (its ingest charged its estimate) is stored meanwhile.
+            with portal.wrap_async_context_manager(budget.hold(MIB)):
+                read = pool.submit(client.get, "/v1/rollouts/convert-steps/trace")
+                _until(lambda: budget.waiting == 1, "the read waits for the budget")
+                assert client.delete("/v1/rollouts/convert-steps").status_code == 204
+                stored = client.post("/v1/rollouts", content=large, headers=headers)
+                assert stored.status_code == 201, stored.text[:300]
+            # In with the small run's charge, it finds the large run: it must wait again.
+            time.sleep(2)
+            assert not read.done(), read.result().text[:200]
+            assert budget.held == room_for_small
+        served = read.result(timeout=60)
+    assert served.status_code == 200, served.text[:300]
+    assert len(served.json()["session_time_steps"]) == 10_000
+
+
+def test_a_read_that_waited_for_a_slot_keeps_its_turn(tmp_path: Path) -> None:
+    # Waiting for a read slot, a read that gave its slot back at once to try for the budget
+    # lost its turn in the slots' queue each time (a helper's review: one slot, three
+    # readers holding it 50 ms in turn: the read refused 503 after 2.3 s while 51 others
+    # were served). It keeps the slot it waited for when the budget has room.
+    with _steps_stored(tmp_path, db_wait=3, db_pool_size=1) as (client, _, _, others):
+        budget, portal = _budget(client)
+        reads = client.app.state.tracestore.lanes.reads  # type: ignore[attr-defined]
+        stop = anyio.Event()
+
+        async def reader() -> None:  # takes the only slot for 50 ms, again and again
+            while not stop.is_set():
+                async with reads.slot(wait=30):
+                    await anyio.sleep(0.05)
+
+        with ThreadPoolExecutor(1) as pool:
+            with portal.wrap_async_context_manager(budget.hold(others)):  # the read waits
+                read = pool.submit(client.get, "/v1/rollouts/convert-steps/trace")
+                _until(lambda: budget.waiting == 1, "the read waits for the budget")
+                readers = [portal.start_task_soon(reader) for _ in range(3)]
+                _until(lambda: reads.waiting >= 2, "the readers queue for the slot")
+            try:
+                served = read.result(timeout=30)
+            finally:
+                portal.call(stop.set)
+                for task in readers:
+                    task.result(timeout=30)
+    assert served.status_code == 200, served.text[:300]
+    assert len(served.json()["session_time_steps"]) == 20_000

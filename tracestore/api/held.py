@@ -10,12 +10,11 @@ always; the inspector (`/v1/inspect/{run_id}`, the run page) only when it conver
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 from sqlalchemy import select
@@ -25,7 +24,7 @@ from starlette.responses import Response
 
 from tracestore.api.body import MAX_PER_BYTE, parsed_estimate
 from tracestore.api.deps import AppState
-from tracestore.api.overload import DatabaseBusy, ParseBudget
+from tracestore.api.overload import ParseBudget
 from tracestore.inspect.models import RunInspection
 from tracestore.inspect.run import converted_part, inspect_run
 from tracestore.models import Run
@@ -77,41 +76,72 @@ def _exact_charge(run: StoredRun, part: Part, converts: bool) -> int:
 
 def _settled(budget: ParseBudget, charge: int, exact: Callable[[], int] | None) -> int:
     """The charge `budget.hold(charge, exact)` would take: the exact one when the bound
-    does not fit."""
-    if exact is not None and not budget.fits(charge):
+    does not fit (as `hold` decides it)."""
+    if exact is not None and budget.held + charge > budget.limit:
         return min(charge, exact())
     return charge
+
+
+@dataclass(frozen=True, slots=True)
+class _More:
+    """An attempt's answer when the run it read costs more than the charge it holds."""
+
+    charge: int
+
+
+def _beyond(held: int, bound: int, exact: Callable[[], int] | None) -> _More | None:
+    """None when a charge of `bound` (or its exact form) is within `held`; else what to
+    hold instead."""
+    if bound <= held:
+        return None
+    charge = bound if exact is None else min(bound, exact())
+    return None if charge <= held else _More(charge)
 
 
 # Both reads below load the document and work out its charge in a read session; when the
 # budget has room at once they go on with that document. Otherwise they drop it before
 # waiting (any number of reads may wait, and a document kept meanwhile would be held by
-# nothing: up to the largest body a worker accepts, each) and read the run again once
-# there is room, in a new read session (`_held_session`): so what they answer is the run
-# as stored after the wait, never a document deleted meanwhile.
+# nothing: up to the largest body a worker accepts, each) and, once in, read the run
+# again (`_once_in`): so what they answer is the run as stored after the wait, never a
+# document deleted meanwhile, and charged for what it is now (a run stored anew may cost
+# more: then the read gives everything back and waits for that).
+
+T = TypeVar("T")
 
 
-@asynccontextmanager
-async def _held_session(state: AppState, charge: int) -> AsyncIterator[Session]:
-    """A read session, holding `charge` of the parse budget; never waiting for the one
-    while holding the other. Holding the budget while waiting for a read slot (reports
-    hold them for seconds), a read charged past the whole budget kept every ingest
-    waiting; holding a slot while waiting for the budget, reads waiting for room kept
-    the cid look-ups (the same lane) out. DatabaseBusy or ParsingBusy past the waits."""
+async def _once_in(state: AppState, charge: int, attempt: Callable[[Session, int], T | _More]) -> T:
+    """`attempt(session, held)` in a thread, holding `held` of the parse budget (at least
+    `charge`) and a read slot; again with more when it answers _More.
+
+    It never waits for the one while holding the other: holding the budget while waiting
+    for a read slot (reports hold them for seconds), a read charged past the whole budget
+    kept every ingest waiting; holding a slot while waiting for the budget, reads waiting
+    for room kept the cid look-ups (the same lane) out. A slot it waited for it keeps
+    when the budget has room then (its turn in the slots' queue is not given up). All
+    the waits together take at most the read lane's wait: then DatabaseBusy or
+    ParsingBusy (503)."""
     budget, reads = state.lanes.parsing, state.lanes.reads
     deadline = anyio.current_time() + reads.wait
+
+    def left() -> float:
+        return max(0.0, deadline - anyio.current_time())
+
     while True:
-        async with budget.hold(charge):
+        outcome: T | _More | None = None
+        async with budget.hold(charge, wait=left()):
             if reads.free:  # taken at once: nothing comes between on the event loop
                 async with reads.session() as session:
-                    yield session
-                    return
-        # No slot free: give the budget back and wait for one, holding nothing.
-        if anyio.current_time() >= deadline:
-            reads.busy += 1
-            raise DatabaseBusy(reads.name, reads.wait)
-        async with reads.slot():
-            pass
+                    outcome = await run_in_threadpool(attempt, session, charge)
+        if outcome is None:  # no slot was free: wait for one, holding none of the budget
+            async with reads.slot(wait=left()):
+                if budget.fits(charge):
+                    async with budget.hold(charge), reads.opened() as session:
+                        outcome = await run_in_threadpool(attempt, session, charge)
+        if isinstance(outcome, _More):
+            charge = outcome.charge
+        elif outcome is not None:
+            return outcome
+        # Else the budget filled up meanwhile: wait for room again, holding no slot.
 
 
 # --- served parts -------------------------------------------------------------------------
@@ -152,9 +182,13 @@ async def served_read(
         async with budget.hold(charge):
             return await run_in_threadpool(serve, run.raw, run.received_at, part)
     del run  # not kept while waiting (above)
-    async with _held_session(state, charge) as session:
-        again = await run_in_threadpool(_servable, session, run_id, part)
-        return await run_in_threadpool(serve, again.raw, again.received_at, part)
+
+    def again(session: Session, held: int) -> Response | _More:
+        run, bound, exact = _stored_and_charge(session, run_id, part, budget.limit)
+        more = _beyond(held, bound, exact)
+        return more if more is not None else serve(run.raw, run.received_at, part)
+
+    return await _once_in(state, charge, again)
 
 
 # --- the inspector ------------------------------------------------------------------------
@@ -222,8 +256,16 @@ async def held_inspection(
             async with budget.hold(charge):
                 return await run_in_threadpool(page.inspect, session, run_id, run)
     del run, found  # not kept while waiting (above)
-    async with _held_session(state, charge) as session:
-        return await run_in_threadpool(page.inspect, session, run_id)
+
+    def again(session: Session, held: int) -> RunInspection | _More:
+        found = _inspect_or_charge(session, run_id, budget.limit, page)
+        if isinstance(found, RunInspection):  # it converts nothing now
+            return found
+        run, bound, exact = found
+        more = _beyond(held, bound, exact)
+        return more if more is not None else page.inspect(session, run_id, run)
+
+    return await _once_in(state, charge, again)
 
 
 __all__ = [

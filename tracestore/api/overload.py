@@ -123,20 +123,22 @@ class Lane:
         return self._free.statistics().tasks_waiting
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot; DatabaseBusy when none came free within the lane's wait."""
+    async def slot(self, wait: float | None = None) -> AsyncIterator[None]:
+        """Hold one slot; DatabaseBusy when none came free within `wait` seconds (the
+        lane's wait by default)."""
+        wait = self.wait if wait is None else wait
         try:
             # A free slot is taken at once: no cancel scope, no trip through the event
             # loop (each costs more than a look-up's bookkeeping).
             self._free.acquire_nowait()
         except anyio.WouldBlock:
             acquired = False
-            with anyio.move_on_after(self.wait):
+            with anyio.move_on_after(wait):
                 await self._free.acquire()
                 acquired = True
             if not acquired:
                 self.busy += 1
-                raise DatabaseBusy(self.name, self.wait) from None
+                raise DatabaseBusy(self.name, wait) from None
         try:
             yield
         finally:
@@ -150,21 +152,26 @@ class Lane:
     @asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
         """A read session on the lane's engine, holding a slot; it connects at first use."""
-        async with self.slot():
-            session = Session(self.session_engine, expire_on_commit=False)  # no I/O yet
-            try:
-                yield session
-            finally:
-                if not _ends_quietly(session):
-                    # Giving the connection back is I/O (a rollback): off the event loop,
-                    # in the lane's own threads, and shielded, so a cancelled (abandoned)
-                    # request still returns it.
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(_end, session, limiter=self._threads)
-                else:
-                    # Nothing to wait on (_ends_quietly): ended here, with no thread hop
-                    # (and nothing to await, so nothing to cancel).
-                    _end(session)
+        async with self.slot(), self.opened() as session:
+            yield session
+
+    @asynccontextmanager
+    async def opened(self) -> AsyncIterator[Session]:
+        """A session on the lane's engine for a caller that holds one of its slots."""
+        session = Session(self.session_engine, expire_on_commit=False)  # no I/O yet
+        try:
+            yield session
+        finally:
+            if not _ends_quietly(session):
+                # Giving the connection back is I/O (a rollback): off the event loop, in
+                # the lane's own threads, and shielded, so a cancelled (abandoned) request
+                # still returns it.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_end, session, limiter=self._threads)
+            else:
+                # Nothing to wait on (_ends_quietly): ended here, with no thread hop (and
+                # nothing to await, so nothing to cancel).
+                _end(session)
 
 
 def _ends_quietly(session: Session) -> bool:
@@ -233,27 +240,29 @@ class ParseBudget:
 
     @asynccontextmanager
     async def hold(
-        self, charge: int, exact: Callable[[], int] | None = None
+        self, charge: int, exact: Callable[[], int] | None = None, *, wait: float | None = None
     ) -> AsyncIterator[None]:
-        """Hold `charge` bytes of the budget while the block runs. `exact` gives a smaller
+        """Hold `charge` bytes of the budget while the block runs, waiting for room at
+        most `wait` seconds (the budget's wait by default). `exact` gives a smaller
         charge at a cost (the body's estimate, where `charge` is its upper bound): asked
         only when `charge` does not fit. (A request never waits for more while it holds
         some: two doing so at once would keep each other out.)"""
         if exact is not None and self.held + charge > self.limit:
             charge = min(charge, exact())
         if self.held and self.held + charge > self.limit:
+            wait = self.wait if wait is None else wait
             # Only when it must wait: a cancel scope costs more than a small ingest's
             # bookkeeping (bench/README.md item 14).
             self._waiting += 1
             try:
-                with anyio.move_on_after(self.wait):
+                with anyio.move_on_after(wait):
                     while self.held and self.held + charge > self.limit:
                         await self._room.wait()
             finally:
                 self._waiting -= 1
             if self.held and self.held + charge > self.limit:
                 self.busy += 1
-                raise ParsingBusy(self.wait)
+                raise ParsingBusy(wait)
         self.held += charge
         try:
             yield
