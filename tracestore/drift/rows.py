@@ -145,7 +145,8 @@ def _usable_trace(doc: Mapping[str, Any], comparison: Comparison) -> bool:
 
 
 def drift_rows(doc: Mapping[str, Any], resolution: Resolution | None = None) -> DriftRows:
-    """The drift rows of a validated rollout (pure); written later by write_drift_many.
+    """The drift rows of a validated rollout (pure); written later with the rollout's own
+    rows (store/drift.py `drift_writes`), or by `replace_drift` when recomputed.
     `resolution`: the document's resolve_correlation, when the caller has it."""
     comparison = compare_rollout(doc, resolution)
     repro = reproduction(doc)
