@@ -74,7 +74,7 @@ def _timed_get(client: httpx.Client, path: str) -> tuple[float, int]:
     return elapsed, len(response.content)
 
 
-def _browser(url: str, repeats: int) -> dict[str, float] | None:
+def _browser(url: str, repeats: int) -> dict[str, float | None] | None:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -102,7 +102,7 @@ def _browser(url: str, repeats: int) -> dict[str, float] | None:
             browser.close()
     return {
         "load_s": statistics.median(loads),
-        "first_paint_s": statistics.median(paints) if paints else float("nan"),
+        "first_paint_s": statistics.median(paints) if paints else None,
     }
 
 
