@@ -154,15 +154,17 @@ def measure(backend: str, n_steps: int, repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure and print (and write bench/results/inspector-<db>.json)."""
+    """Measure and print (and write bench/results/inspector-<db>.json, or --out)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="where the JSON goes (bench/results/ by default)")
     args = parser.parse_args(argv)
     result = measure(args.db, args.steps, args.repeats)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"inspector-{args.db}.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = args.out or RESULTS / f"inspector-{args.db}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     for key, value in result.items():
         shown = f"{value:.3f}" if isinstance(value, float) else value
         print(f"{key:32} {shown}")
