@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from tracestore.api.body import MAX_PER_BYTE, parsed_estimate
 from tracestore.api.deps import AppState
-from tracestore.api.overload import ParseBudget
+from tracestore.api.overload import DatabaseBusy, ParseBudget, ParsingBusy
 from tracestore.inspect.models import RunInspection
 from tracestore.inspect.run import converted_part, inspect_run
 from tracestore.models import Run
@@ -126,22 +126,29 @@ async def _once_in(state: AppState, charge: int, attempt: Callable[[Session, int
     def left() -> float:
         return max(0.0, deadline - anyio.current_time())
 
-    while True:
-        outcome: T | _More | None = None
-        async with budget.hold(charge, wait=left()):
-            if reads.free:  # taken at once: nothing comes between on the event loop
-                async with reads.session() as session:
-                    outcome = await run_in_threadpool(attempt, session, charge)
-        if outcome is None:  # no slot was free: wait for one, holding none of the budget
-            async with reads.slot(wait=left()):
-                if budget.fits(charge):
-                    async with budget.hold(charge), reads.opened() as session:
+    try:
+        while True:
+            outcome: T | _More | None = None
+            async with budget.hold(charge, wait=left()):
+                if reads.free:  # taken at once: nothing comes between on the event loop
+                    async with reads.session() as session:
                         outcome = await run_in_threadpool(attempt, session, charge)
-        if isinstance(outcome, _More):
-            charge = outcome.charge
-        elif outcome is not None:
-            return outcome
-        # Else the budget filled up meanwhile: wait for room again, holding no slot.
+            if outcome is None:  # no slot was free: wait for one, holding none of the budget
+                async with reads.slot(wait=left()):
+                    if budget.fits(charge):
+                        async with budget.hold(charge), reads.opened() as session:
+                            outcome = await run_in_threadpool(attempt, session, charge)
+            if isinstance(outcome, _More):
+                charge = outcome.charge
+            elif outcome is not None:
+                return outcome
+            # Else the budget filled up meanwhile: wait for room again, holding no slot.
+    # Refused after the last of its waits (perhaps of what was left: nothing): the answer
+    # names the whole wait.
+    except ParsingBusy:
+        raise ParsingBusy(reads.wait) from None
+    except DatabaseBusy:
+        raise DatabaseBusy(reads.name, reads.wait) from None
 
 
 # --- served parts -------------------------------------------------------------------------
