@@ -109,11 +109,13 @@ def test_bad_sqlite_paths(place: Path, verb: list[str]) -> None:
 def test_markup_in_arguments_is_text(place: Path) -> None:
     db = _db(place / "store.db")
     one_line_error(["show", "[/x]", "--db", db], "no rollout with run_id '[/x]'")
+    # Nor emoji codes: Rich printed `NAME:KEY:admin` with a key emoji in the middle.
+    one_line_error(["show", "NAME:KEY:admin :fire:", "--db", db], "'NAME:KEY:admin :fire:'")
     one_line_error(["cid", "[/x]", "--db", db], "'[/x]'")
     one_line_error(["show", "[bold]x[/bold]", "--db", db], "'[bold]x[/bold]'")
     # An ingest summary quoting such a run id (a conflict).
     doc = orjson.loads(LINES[0])
-    doc["run_id"] = "[/x] [bold]r"
+    doc["run_id"] = "[/x] [bold]r :fire:"
     first, second = place / "markup-1.json", place / "markup-2.json"
     first.write_bytes(orjson.dumps(doc))
     doc["metrics"]["mean_return"] = 1234.5
@@ -122,7 +124,7 @@ def test_markup_in_arguments_is_text(place: Path) -> None:
     assert CliRunner().invoke(app, ["ingest", str(first), "--db", markup_db]).exit_code == 0
     done = CliRunner().invoke(app, ["ingest", str(second), "--db", markup_db])
     assert done.exit_code == 2, done.stderr
-    assert "run_id '[/x] [bold]r' was already stored" in done.stdout
+    assert "run_id '[/x] [bold]r :fire:' was already stored" in done.stdout
     assert done.stderr == ""
 
 

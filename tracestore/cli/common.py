@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
     from tracestore.settings import Settings
 
-err_console = Console(stderr=True)
-console = Console()
+# No emoji codes: `NAME:KEY:admin` or a run id holding `:fire:` print as written.
+err_console = Console(stderr=True, emoji=False)
+console = Console(emoji=False)
 
 DbOption = Annotated[
     str | None,

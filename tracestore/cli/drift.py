@@ -225,7 +225,7 @@ def drift(
             from rich.console import Console
 
             buffer = io.StringIO()
-            render_table(report, Console(file=buffer, width=120, no_color=True))
+            render_table(report, Console(file=buffer, width=120, no_color=True, emoji=False))
             with reported_errors(), output_file(output) as out:
                 out.write(buffer.getvalue().encode())
     else:

@@ -124,7 +124,7 @@ def _plain() -> Any:
     # Piped or redirected: the table at its natural width, without colour.
     from rich.console import Console
 
-    return Console(width=10_000, no_color=True, highlight=False)
+    return Console(width=10_000, no_color=True, highlight=False, emoji=False)
 
 
 def summary_cells(run: dict[str, Any]) -> list[str]:

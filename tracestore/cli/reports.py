@@ -244,6 +244,7 @@ def _table_text(result: Result, *, to_terminal: bool, width: int | None = None) 
         force_terminal=to_terminal,
         no_color=not to_terminal,
         highlight=False,
+        emoji=False,
     )
     console.print(table)
     if result.table.num_rows == 0:
