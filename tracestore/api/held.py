@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from tracestore.api.body import MAX_PER_BYTE, parsed_estimate
 from tracestore.api.deps import AppState
-from tracestore.api.overload import DatabaseBusy, ParseBudget, ParsingBusy
+from tracestore.api.overload import DatabaseBusy, ParsingBusy
 from tracestore.inspect.models import RunInspection
 from tracestore.inspect.run import converted_part, inspect_run
 from tracestore.models import Run
@@ -72,14 +72,6 @@ def _charged(
 
 def _exact_charge(run: StoredRun, part: Part, converts: bool) -> int:
     return _charge(run, part, converts, parsed_estimate(run.raw))
-
-
-def _settled(budget: ParseBudget, charge: int, exact: Callable[[], int] | None) -> int:
-    """The charge `budget.hold(charge, exact)` would take: the exact one when the bound
-    does not fit (as `hold` decides it)."""
-    if exact is not None and budget.held + charge > budget.limit:
-        return min(charge, exact())
-    return charge
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,20 +146,14 @@ async def _once_in(state: AppState, charge: int, attempt: Callable[[Session, int
 # --- served parts -------------------------------------------------------------------------
 
 
-def _servable(session: Session, run_id: str, part: Part) -> StoredRun:
-    """The stored run `run_id`; NotFound when it is not there or has nothing to serve
-    (from its run row: no document parsed for a 404)."""
-    run = stored_run(session, run_id)
-    if not run.servable():
-        raise nothing_to_serve(run_id, run.trace_kind, part)
-    return run
-
-
 def _stored_and_charge(
     session: Session, run_id: str, part: Part, limit: int
 ) -> tuple[StoredRun, int, Callable[[], int] | None]:
-    """The stored run and what serving its `part` is charged (see `_charged`)."""
-    run = _servable(session, run_id, part)
+    """The stored run and what serving its `part` is charged (see `_charged`). NotFound
+    when it is not there or has nothing to serve (from its run row: nothing parsed)."""
+    run = stored_run(session, run_id)
+    if not run.servable():
+        raise nothing_to_serve(run_id, run.trace_kind, part)
     return run, *_charged(run, part, run.converts(part), limit)
 
 
@@ -184,7 +170,7 @@ async def served_read(
         run, bound, exact = await run_in_threadpool(
             _stored_and_charge, session, run_id, part, budget.limit
         )
-    charge = _settled(budget, bound, exact)
+    charge = budget.settle(bound, exact)
     if budget.fits(charge):
         async with budget.hold(charge):
             return await run_in_threadpool(serve, run.raw, run.received_at, part)
@@ -258,7 +244,7 @@ async def held_inspection(
         if isinstance(found, RunInspection):
             return found
         run, bound, exact = found
-        charge = _settled(budget, bound, exact)
+        charge = budget.settle(bound, exact)
         if budget.fits(charge):  # in the same session, with the document it loaded
             async with budget.hold(charge):
                 return await run_in_threadpool(page.inspect, session, run_id, run)

@@ -233,6 +233,13 @@ class ParseBudget:
         """Requests waiting for room now."""
         return self._waiting
 
+    def settle(self, charge: int, exact: Callable[[], int] | None = None) -> int:
+        """The charge `hold(charge, exact)` takes now: the exact one (smaller, at a cost)
+        when `charge`, an upper bound, does not fit."""
+        if exact is not None and self.held + charge > self.limit:
+            return min(charge, exact())
+        return charge
+
     def fits(self, charge: int) -> bool:
         """Whether `hold(charge)` would go in now, without waiting (on the event loop,
         nothing comes between this answer and a `hold` entered right after it)."""
@@ -247,8 +254,7 @@ class ParseBudget:
         charge at a cost (the body's estimate, where `charge` is its upper bound): asked
         only when `charge` does not fit. (A request never waits for more while it holds
         some: two doing so at once would keep each other out.)"""
-        if exact is not None and self.held + charge > self.limit:
-            charge = min(charge, exact())
+        charge = self.settle(charge, exact)
         if self.held and self.held + charge > self.limit:
             wait = self.wait if wait is None else wait
             # Only when it must wait: a cancel scope costs more than a small ingest's
