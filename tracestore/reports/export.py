@@ -793,7 +793,7 @@ def export_dataset(
     from tracestore.reports import live
 
     # live.export's own steps, with the dataset: the cut in this process, the DuckDB work
-    # in the child that reads a live SQLite store (in this process for PostgreSQL).
+    # in an analytics child.
     cut = live._cut(url)
     return live._dispatch(url, _export_dataset_in, out, dataset, cut, schema_revision)
 

@@ -9,13 +9,16 @@ live writer, whose later commits go to a deleted file: acknowledged rollouts are
 (issue 18, item 1). SQLite's documentation warns of exactly this ("How To Corrupt An
 SQLite Database File", section 2.2).
 
-So DuckDB's work on a live SQLite store runs in a child process (started with `spawn`:
-it inherits no descriptors, locks or threads from us) that holds nothing but read-only
-handles: its locks are its own, and closing them harms no one. Results come back
-pickled (Arrow tables pickle as Arrow IPC). PostgreSQL is a network peer, so its DuckDB
-runs in this process. Either way one DuckDB per store is kept open per process: loading
-the extension and creating the views costs more than most reports; each call reads
-fresh data.
+So DuckDB's work on a live store runs in a child process (started with `spawn`: it
+inherits no descriptors, locks or threads from us) that holds nothing but read-only
+handles: its locks are its own, and closing them harms no one. A PostgreSQL store is
+read there too, for memory: a report's working set (hundreds of MiB on a store of a
+million steps, more on larger ones) would otherwise land in an API worker, past the
+bound its ingest keeps to, and stay in its heap; in the child it is bounded by DuckDB's
+memory limit (connection.py), and a child that dies anyway takes no worker with it.
+Results come back pickled (Arrow tables pickle as Arrow IPC). One DuckDB per store is
+kept open in each child: loading the extension and creating the views costs more than
+most reports; each call reads fresh data.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import atexit
 import multiprocessing
 import os
 import pickle
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -48,11 +53,14 @@ T = TypeVar("T")
 # PyPI packages' (e.g. binaries vendored by an operator); also how tests force the
 # SQLAlchemy fallback. Read by the API and the CLI alike.
 EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
-# Child processes for live SQLite analytics; two let a long report not hold up a short one.
+# Child processes for live analytics; two let a long report not hold up a short one.
 WORKERS = 2
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
+# pool -> the directory its children's DuckDBs spill under: made and removed here, so that
+# a child killed mid-spill (the OOM killer) leaves nothing behind once its pool is gone.
+_spill_roots: dict[ProcessPoolExecutor, str] = {}
 # (url, extension_dir) -> the DuckDB kept open for that store in this process.
 _sessions: dict[tuple[str, str | None], Analytics] = {}
 _sessions_lock = threading.Lock()
@@ -108,13 +116,9 @@ def _cut(url: str | URL) -> Cut:
 
 
 def _dispatch(url: str | URL, fn: Callable[..., T], *args: object) -> T:
-    parsed = normalize_url(url)
-    text = parsed.render_as_string(hide_password=False)
+    text = normalize_url(url).render_as_string(hide_password=False)
     ext = extension_dir_from_env()
-    ext_text = str(ext) if ext is not None else None
-    if parsed.get_backend_name() != "sqlite":
-        return fn(text, ext_text, *args)
-    return _in_child(fn, text, ext_text, *args)
+    return _in_child(fn, text, str(ext) if ext is not None else None, *args)
 
 
 def _in_child(fn: Callable[..., T], *args: object) -> T:
@@ -135,11 +139,17 @@ def _in_child(fn: Callable[..., T], *args: object) -> T:
 
 
 def _portable(fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)` in the child, its error made one the parent can unpickle."""
+    """`fn(*args)` in the child, its error made one the parent can unpickle (and DuckDB's
+    own, which no caller maps, an AnalyticsError: 503, not 500)."""
+    import duckdb
+
     from tracestore.reports.connection import AnalyticsError
+    from tracestore.reports.runner import memory_hint, public_reason
 
     try:
         return fn(*args)
+    except duckdb.Error as exc:  # opening the store, an export: not the report's query
+        raise AnalyticsError(f"{public_reason(exc)}{memory_hint(exc)}") from None
     except Exception as exc:
         try:
             pickle.loads(pickle.dumps(exc))
@@ -154,11 +164,14 @@ def _worker_pool() -> ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
+            spill_root = tempfile.mkdtemp(prefix="tracestore-duckdb-")
             _pool = ProcessPoolExecutor(
                 max_workers=WORKERS,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_child_init,
+                initargs=(spill_root,),
             )
+            _spill_roots[_pool] = spill_root
         return _pool
 
 
@@ -167,7 +180,11 @@ def _reset_pool(broken: ProcessPoolExecutor) -> None:
     with _pool_lock:
         if _pool is broken:
             _pool = None
+        spill_root = _spill_roots.pop(broken, None)
+    # A broken pool's children are already stopped (the executor ends them all).
     broken.shutdown(wait=False, cancel_futures=True)
+    if spill_root is not None:
+        shutil.rmtree(spill_root, ignore_errors=True)
 
 
 def shutdown() -> None:
@@ -175,8 +192,12 @@ def shutdown() -> None:
     global _pool
     with _pool_lock:
         pool, _pool = _pool, None
+        spill_roots = list(_spill_roots.values())
+        _spill_roots.clear()
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
+    for spill_root in spill_roots:
+        shutil.rmtree(spill_root, ignore_errors=True)
     with _sessions_lock:
         sessions = list(_sessions.values())
         _sessions.clear()
@@ -187,13 +208,14 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _child_init() -> None:
-    from tracestore.reports.connection import allow_sqlite_attach
+def _child_init(spill_root: str) -> None:
+    from tracestore.reports.connection import allow_sqlite_attach, use_spill_root
 
     allow_sqlite_attach()
+    use_spill_root(spill_root)
 
 
-# --- the work itself (in this process for PostgreSQL, in a child for SQLite) --------------
+# --- the work itself (in a child) ---------------------------------------------------------
 
 
 def _cursor(url: str, ext: str | None, *, fresh: bool = False) -> Analytics:
@@ -219,6 +241,8 @@ def _cursor(url: str, ext: str | None, *, fresh: bool = False) -> Analytics:
 
 
 def _report(url: str, ext: str | None, name: str, filters: Filters) -> Result:
+    import duckdb
+
     from tracestore.reports.catalog import get_report
     from tracestore.reports.connection import AnalyticsError
     from tracestore.reports.runner import run_report
@@ -227,7 +251,9 @@ def _report(url: str, ext: str | None, name: str, filters: Filters) -> Result:
     try:
         with _cursor(url, ext) as analytics:
             return run_report(analytics, chosen, filters)
-    except AnalyticsError:
+    except AnalyticsError as exc:
+        if isinstance(exc.__cause__, duckdb.OutOfMemoryException):
+            raise  # its own size, not the connection: the same again would fail the same
         # The kept connection may have gone stale (a restarted database, a replaced
         # file): a new one answers, or fails for a reason worth reporting.
         with _cursor(url, ext, fresh=True) as analytics:

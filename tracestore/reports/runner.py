@@ -15,7 +15,13 @@ import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type st
 from tracestore.db.types import pg_safe
 from tracestore.errors import InvalidRequest
 from tracestore.reports.catalog import Report
-from tracestore.reports.connection import Analytics, AnalyticsError, first_line
+from tracestore.reports.connection import (
+    MEMORY_LIMIT_ENV,
+    Analytics,
+    AnalyticsError,
+    first_line,
+    memory_limit,
+)
 from tracestore.reports.filters import Filters
 
 # Table functions that reach a database outside DuckDB's read-only attachment (the
@@ -56,6 +62,14 @@ def public_reason(exc: BaseException) -> str:
     return text[: quoted.start()].rstrip(" :") + " (the statement is in the server log)"
 
 
+def memory_hint(exc: duckdb.Error) -> str:
+    """For DuckDB running out of memory: the limit it ran into and where it is set."""
+    if not isinstance(exc, duckdb.OutOfMemoryException):
+        return ""
+    limit = memory_limit() or "DuckDB's default"
+    return f" (DuckDB's memory limit here is {limit}: {MEMORY_LIMIT_ENV} sets it)"
+
+
 def run_report(analytics: Analytics, report: Report, filters: Filters) -> Result:
     """Run `report` over `analytics` with `filters` bound as prepared parameters."""
     params = filters.bind(report.parameters, report.name)
@@ -67,7 +81,9 @@ def run_report(analytics: Analytics, report: Report, filters: Filters) -> Result
         table, types = analytics.fetch(report.sql, params)
     except duckdb.Error as exc:
         log.warning("report %s failed: %s", report.name, exc)
-        raise AnalyticsError(f"report {report.name} failed: {public_reason(exc)}") from exc
+        raise AnalyticsError(
+            f"report {report.name} failed: {public_reason(exc)}{memory_hint(exc)}"
+        ) from exc
     notices = list(analytics.notices)
     absent = [t for t in report.requires if t in analytics.missing]
     if absent:
@@ -129,5 +145,5 @@ def run_sql(analytics: Analytics, query: str) -> Result:
     try:
         table, types = analytics.fetch(query)
     except duckdb.Error as exc:
-        raise InvalidRequest(f"query failed: {first_line(exc)}") from None
+        raise InvalidRequest(f"query failed: {first_line(exc)}{memory_hint(exc)}") from None
     return Result(table, types, analytics.source, notices=list(analytics.notices))
