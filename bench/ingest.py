@@ -26,8 +26,9 @@ from tracestore.correlation import resolve_correlation
 from tracestore.db.base import Base
 from tracestore.db.engine import create_engine
 from tracestore.db.types import JSONValue
-from tracestore.ingest.project import RolloutRows, project_rollout
+from tracestore.ingest.project import project_rollout
 from tracestore.ingest.service import ingest_bytes, ingest_many
+from tracestore.store.rollouts import RolloutRows
 
 TABLES = (
     "runs",
@@ -266,9 +267,9 @@ def run(
                 name = "in_process_batch" if batch > 1 else "in_process_single"
                 rounds[name].append(in_process(url, docs, batch))
     results: dict[str, Any] = {}
-    for name, seconds in rounds.items():
-        results[name] = figures(statistics.median(seconds), docs, steps)
-        results[name]["rounds_seconds"] = seconds
+    for name, each_round in rounds.items():
+        results[name] = figures(statistics.median(each_round), docs, steps)
+        results[name]["rounds_seconds"] = each_round
     for workers, batch in http_modes:
         with fresh_database(backend) as url:
             seconds = over_http(url, docs, workers=workers, batch=batch, clients=2 * workers)

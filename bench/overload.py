@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -187,11 +188,12 @@ def run(backend: str, runs: int, seconds: float, log: Path) -> dict[str, Any]:
             run_ids = fill(server.url, runs)
         with serve(db_url, log) as server:  # a fresh process for the first flood
             out["fresh_300_cheap"] = fresh_300_cheap(server.url)
-            for name, scenario in (
+            scenarios: tuple[tuple[str, Callable[[], Any]], ...] = (
                 ("heavy_60", lambda: heavy_60(server.url)),
                 ("abandoned_200", lambda: abandoned_200(server.url)),
                 ("load_300", lambda: load_300(server.url, run_ids, seconds)),
-            ):
+            )
+            for name, scenario in scenarios:
                 _settle(server.url)
                 out[name] = scenario()
                 print(backend, name, json.dumps(out[name]), flush=True)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tracestore.db.engine import create_engine
 from tracestore.reports.catalog import get_report
-from tracestore.reports.connection import open_live, open_snapshot
+from tracestore.reports.connection import Analytics, open_live, open_snapshot
 from tracestore.reports.filters import Filters
 
 
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     args = parser.parse_args()
     engine = create_engine(f"sqlite:///{args.work / f'store-{args.steps}.db'}")
-    sources = {
+    sources: dict[str, Callable[[], Analytics]] = {
         "live SQLite": lambda: open_live(engine, in_this_process=True),
         "snapshot": lambda: open_snapshot(args.work / f"snapshot-{args.steps}"),
     }
