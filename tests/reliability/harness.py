@@ -174,6 +174,19 @@ def is_error_shape(body: Any) -> bool:
 # --- real server processes ----------------------------------------------------------------
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 class ServerProcess:
     """`tracestore serve` in a subprocess on a loopback port (its own process group)."""
 

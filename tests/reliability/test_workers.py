@@ -21,7 +21,7 @@ import pytest
 
 from bench.common import tcp_sockets
 from tests.conftest import minimal_rollout
-from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess
+from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess, child_pids
 
 CLIENTS = 32
 
@@ -32,18 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("workers")
     with ServerProcess(f"sqlite:///{tmp / 'store.db'}", tmp / "server.log", workers=2) as s:
         yield s
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def test_each_worker_listens_on_a_socket_of_its_own(server: ServerProcess) -> None:
@@ -57,7 +45,7 @@ def test_each_worker_listens_on_a_socket_of_its_own(server: ServerProcess) -> No
 def _connections_by_worker(server: ServerProcess) -> Counter[int]:
     inodes = tcp_sockets(server.port, "01")
     counts: Counter[int] = Counter()
-    for pid in _children(server.pid):
+    for pid in child_pids(server.pid):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             try:
                 link = fd.readlink().name

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
@@ -20,6 +21,7 @@ from tracestore.api.pages.install import install as install_pages
 from tracestore.api.params import only_declared_query
 from tracestore.api.routes import admin, convert, drift, inspect, reports, rollouts, service
 from tracestore.db import migrate
+from tracestore.reports import live
 from tracestore.retention import schedule as retention_schedule
 from tracestore.settings import Settings
 from tracestore.wire.rollout import RolloutIn
@@ -85,6 +87,8 @@ def create_app(
         finally:
             await retention_schedule.stop(sweeper)
             lanes.dispose()
+            # The analytics children go with the worker: its exit does not stop them.
+            await anyio.to_thread.run_sync(live.shutdown)
 
     app = FastAPI(
         title="tracestore",

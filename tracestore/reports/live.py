@@ -30,6 +30,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -55,6 +56,8 @@ T = TypeVar("T")
 EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
 # Child processes for live analytics; two let a long report not hold up a short one.
 WORKERS = 2
+# Seconds between a child's looks at whether its parent is still there.
+PARENT_CHECK = 1.0
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -213,6 +216,19 @@ def _child_init(spill_root: str) -> None:
 
     allow_sqlite_attach()
     use_spill_root(spill_root)
+    # A parent that dies without stopping its children (SIGKILL, the OOM killer, or a
+    # server worker that exits without running atexit) would leave them running, each
+    # holding its DuckDB's memory, for good.
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
+    ).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while True:
+        time.sleep(PARENT_CHECK)
+        if os.getppid() != parent:  # reparented: the parent is gone
+            os._exit(1)
 
 
 # --- the work itself (in a child) ---------------------------------------------------------

@@ -1,0 +1,81 @@
+"""The analytics children (reports/live.py: DuckDB in a process of its own) end with the
+worker that started them.
+
+Before: `kill <server pid>` (what an operator or a process manager signalling only the
+main process does) stopped the server and its workers gracefully, and left every
+analytics child running, reparented to init, each holding its DuckDB's memory (four
+children, ~930 MiB, after a few reports on a store of a million steps); a worker killed
+outright left its children the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Database
+from tests.reliability.harness import ServerProcess, child_pids
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"resource_tracker" not in command  # multiprocessing's helper, not a worker
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids of `pids` still alive after waiting up to `seconds` for them to end."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+@pytest.fixture
+def server(fresh_db: Database, tmp_path: Path) -> Iterator[ServerProcess]:
+    """`tracestore serve --workers 2`, each worker having run reports (so having children)."""
+    with ServerProcess(fresh_db.url, tmp_path / "server.log", workers=2) as s:
+        yield s
+
+
+def _analytics_children(server: ServerProcess) -> dict[int, list[int]]:
+    """worker pid -> its analytics children, once reports have started some."""
+    found: dict[int, list[int]] = {}
+    for _ in range(40):  # new connections: the workers share them (SO_REUSEPORT)
+        assert httpx.get(f"{server.url}/v1/reports/drift", timeout=60).status_code == 200
+        workers = [pid for pid in child_pids(server.pid) if _is_worker(pid)]
+        found = {w: kids for w in workers if (kids := child_pids(w))}
+        if len(found) == len(workers) == 2:
+            break
+    assert found, "no worker started an analytics child"
+    return found
+
+
+def test_stopping_the_server_stops_its_analytics_children(server: ServerProcess) -> None:
+    children = [kid for kids in _analytics_children(server).values() for kid in kids]
+    os.kill(server.pid, signal.SIGTERM)  # the server alone, not its process group
+    assert server.proc is not None
+    server.proc.wait(timeout=60)
+    assert _gone_within(children, 10) == []
+
+
+def test_a_killed_worker_s_analytics_children_end(server: ServerProcess) -> None:
+    worker, children = next(iter(_analytics_children(server).items()))
+    os.kill(worker, signal.SIGKILL)
+    assert _gone_within(children, 10) == []
