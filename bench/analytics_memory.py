@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.reports_bench import PG_ADMIN, build, pg_database
@@ -65,40 +67,51 @@ def measure(url: str) -> list[tuple[str, float, int, int]]:
     return rows
 
 
+def store_options(parser: argparse.ArgumentParser) -> None:
+    """The options choosing the store (`store`), on `parser`."""
+    parser.add_argument("--steps", type=int, default=1_000_000, help="minimum trajectory steps")
+    parser.add_argument("--db", choices=["sqlite", "postgresql"], default="postgresql")
+    parser.add_argument("--url", help="an existing store to read instead of building one")
+    parser.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL admin URL")
+
+
+@contextmanager
+def store(args: argparse.Namespace) -> Iterator[str]:
+    """The store `store_options` chose: `--url`, or one of `--steps` built for the run."""
+    if args.url:
+        yield args.url
+        return
+
+    def built(url: str) -> str:
+        engine = create_engine(url)
+        migrate.upgrade(engine)
+        t0 = time.perf_counter()
+        counts = build(engine, args.steps)
+        print(f"store built in {time.perf_counter() - t0:.1f} s: {counts}")
+        engine.dispose()
+        return url
+
+    if args.db == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="tracestore-analytics-bench-") as work:
+            yield built(f"sqlite:///{work}/store.db")
+    else:
+        with pg_database(args.pg) as pg_url:
+            if pg_url is None:
+                raise SystemExit("PostgreSQL unreachable: give --db sqlite or --pg URL")
+            yield built(pg_url)
+
+
 def main() -> None:
     """Build or open the store, run every report, print a Markdown table."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.analytics_memory", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--steps", type=int, default=1_000_000, help="minimum trajectory steps")
-    parser.add_argument("--db", choices=["sqlite", "postgresql"], default="postgresql")
-    parser.add_argument("--url", help="an existing store to read instead of building one")
-    parser.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL admin URL")
-    args = parser.parse_args()
-
-    def report_on(url: str) -> None:
-        engine = create_engine(url)
-        if not args.url:
-            migrate.upgrade(engine)
-            t0 = time.perf_counter()
-            counts = build(engine, args.steps)
-            print(f"store built in {time.perf_counter() - t0:.1f} s: {counts}")
-        engine.dispose()
+    store_options(parser)
+    with store(parser.parse_args()) as url:
         print("| report | seconds | this process's peak above its start | the child's peak |")
         print("|---|---:|---:|---:|")
         for name, took, here, child in measure(url):
             print(f"| {name} | {took:.2f} | +{here / MiB:,.0f} MiB | {child / MiB:,.0f} MiB |")
-
-    if args.url:
-        report_on(args.url)
-    elif args.db == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="tracestore-analytics-memory-") as work:
-            report_on(f"sqlite:///{work}/store.db")
-    else:
-        with pg_database(args.pg) as pg_url:
-            if pg_url is None:
-                raise SystemExit("PostgreSQL unreachable: give --db sqlite or --pg URL")
-            report_on(pg_url)
 
 
 if __name__ == "__main__":
