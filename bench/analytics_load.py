@@ -6,9 +6,11 @@
 Serves the store (`bench.analytics_memory`'s options: built for the run, or `--url`) with
 `tracestore serve --workers 2`, then for `--seconds` keeps `--ingest-clients` clients
 posting the examples (each under a new run id) and `--report-clients` clients running the
-named reports in turn. Prints the answers by status, the ingest latency, and the peak
-resident memory of each of the server's processes (its workers and their analytics
-children). To compare another tree, run it as a file with that tree on `PYTHONPATH`.
+named reports in turn (a report started near the end runs to its end). Prints the
+answers by status, the ingest latency, and the peak resident memory of the server's
+workers and of their analytics children. To compare another tree, copy this file and
+bench/analytics_memory.py into it and run `python -m bench.analytics_load` there with
+that tree on `PYTHONPATH`.
 """
 
 from __future__ import annotations
@@ -32,27 +34,44 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "rollouts.jsonl"
 REPORTS = ("tools", "rewards", "models", "returns", "drift", "migration")
 
 
-def _descendants(pid: int) -> list[int]:
-    """`pid`'s children, theirs, and so on (from /proc)."""
-    parents: dict[int, int] = {}
+def _children(pid: int) -> list[int]:
+    """`pid`'s children (from /proc)."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError):  # gone meanwhile
             continue
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [child for child, parent in parents.items() if parent in frontier]
-        found += kids
-        frontier = kids
     return found
 
 
-def _peak_mib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return 0
+def _peak_mib(pid: int) -> int | None:
+    """The process's peak resident memory, or None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _peaks(supervisor: int) -> tuple[list[int], list[int]]:
+    """Peak MiB of the server's workers, and of their analytics children."""
+    workers = [pid for pid in _children(supervisor) if _is_worker(pid)]
+    children = [kid for pid in workers for kid in _children(pid)]
+    return (
+        sorted((p for p in map(_peak_mib, workers) if p is not None), reverse=True),
+        sorted((p for p in map(_peak_mib, children) if p is not None), reverse=True),
+    )
 
 
 async def _ingest(
@@ -67,7 +86,11 @@ async def _ingest(
             return
         body = orjson.dumps({**doc, "run_id": f"load-{uuid.uuid4().hex}"})
         start = time.perf_counter()
-        got = await client.post("/v1/rollouts", content=body)
+        try:
+            got = await client.post("/v1/rollouts", content=body)
+        except httpx.HTTPError as exc:  # counted, not the end of the run
+            answers[f"ingest {type(exc).__name__}"] += 1
+            continue
         latencies.append(time.perf_counter() - start)
         answers[f"ingest {got.status_code}"] += 1
 
@@ -78,8 +101,14 @@ async def _reports(
     for name in itertools.islice(itertools.cycle(REPORTS), first, None):
         if time.monotonic() >= until:
             return
-        got = await client.get(f"/v1/reports/{name}", timeout=600)
-        code = "" if got.status_code == 200 else " " + got.json()["error"]["code"]
+        try:
+            got = await client.get(f"/v1/reports/{name}", timeout=600)
+        except httpx.HTTPError as exc:
+            answers[f"report {type(exc).__name__}"] += 1
+            continue
+        code = "" if got.status_code == 200 else f" {got.content[:80]!r}"
+        if got.headers.get("content-type", "").startswith("application/json"):
+            code = "" if got.status_code == 200 else " " + got.json()["error"]["code"]
         answers[f"report {got.status_code}{code}"] += 1
 
 
@@ -108,8 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     with store(args) as url, server(url, workers=2) as base:
         answers, latencies = asyncio.run(_load(base, args))
-        supervisor = _supervisor(base)
-        peaks = {pid: _peak_mib(pid) for pid in _descendants(supervisor)}
+        workers, children = _peaks(_supervisor(base))  # while the server runs
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0
     median = statistics.median(latencies) if latencies else 0.0
@@ -118,10 +146,7 @@ def main() -> None:
         f"{args.report_clients} report clients: {dict(sorted(answers.items()))}"
     )
     print(f"ingest p50 {median * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
-    print(
-        "peak resident memory of the server's processes, MiB: "
-        + ", ".join(str(v) for v in sorted(peaks.values(), reverse=True))
-    )
+    print(f"peak resident memory, MiB: workers {workers}, analytics children {children}")
 
 
 def _supervisor(base: str) -> int:

@@ -49,9 +49,16 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
 
 @pytest.fixture
 def server(fresh_db: Database, tmp_path: Path) -> Iterator[ServerProcess]:
-    """`tracestore serve --workers 2`, each worker having run reports (so having children)."""
-    with ServerProcess(fresh_db.url, tmp_path / "server.log", workers=2) as s:
+    """`tracestore serve --workers 2`, its temporary files (DuckDB's spills) in `tmp/`."""
+    (tmp_path / "tmp").mkdir()
+    env = {"TMPDIR": str(tmp_path / "tmp")}
+    with ServerProcess(fresh_db.url, tmp_path / "server.log", workers=2, env=env) as s:
         yield s
+
+
+def _spill_roots(server: ServerProcess) -> list[Path]:
+    """The analytics pools' spill directories (one per worker that started its children)."""
+    return sorted((server.log_path.parent / "tmp").glob("tracestore-duckdb-*"))
 
 
 def _analytics_children(server: ServerProcess) -> dict[int, list[int]]:
@@ -73,9 +80,15 @@ def test_stopping_the_server_stops_its_analytics_children(server: ServerProcess)
     assert server.proc is not None
     server.proc.wait(timeout=60)
     assert _gone_within(children, 10) == []
+    assert _spill_roots(server) == []
 
 
 def test_a_killed_worker_s_analytics_children_end(server: ServerProcess) -> None:
-    worker, children = next(iter(_analytics_children(server).items()))
+    started = _analytics_children(server)
+    roots = _spill_roots(server)
+    assert len(roots) == len(started)
+    worker, children = next(iter(started.items()))
     os.kill(worker, signal.SIGKILL)
     assert _gone_within(children, 10) == []
+    # Its pool's spill directory went with them (removed by the last child to notice).
+    assert len(_spill_roots(server)) == len(roots) - 1

@@ -51,12 +51,19 @@ def _use_error_shape_for_validation(schema: dict[str, Any]) -> None:
 
 
 def create_app(
-    settings: Settings | None = None, *, check_schema: bool = True, freeze_heap: bool = False
+    settings: Settings | None = None,
+    *,
+    check_schema: bool = True,
+    freeze_heap: bool = False,
+    owns_process: bool = False,
 ) -> FastAPI:
     """Build the API over the store named by `settings` (read from the environment if None).
 
     `freeze_heap`: once started, move every object alive to the collector's permanent
     generation (`gc.freeze`), as `tracestore serve` does (api/server.py `served_app`).
+    `owns_process`: the app is its process's only one (`tracestore serve`'s workers): at
+    its end it stops the analytics children (reports/live.py), which other apps in the
+    same process (tests) would otherwise share.
     """
     settings = settings or Settings()
     # Counted from the first request on; the lifespan hands it to the AppState.
@@ -85,10 +92,14 @@ def create_app(
         try:
             yield
         finally:
-            await retention_schedule.stop(sweeper)
-            lanes.dispose()
-            # The analytics children go with the worker: its exit does not stop them.
-            await anyio.to_thread.run_sync(live.shutdown)
+            try:
+                await retention_schedule.stop(sweeper)
+                lanes.dispose()
+            finally:
+                if owns_process:
+                    # uvicorn ends a worker by re-raising SIGTERM once it has shut down:
+                    # no atexit runs, and nothing else stops the analytics children.
+                    await anyio.to_thread.run_sync(live.shutdown)
 
     app = FastAPI(
         title="tracestore",

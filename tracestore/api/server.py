@@ -331,10 +331,10 @@ APP = "tracestore.api.server:served_app"
 
 def served_app() -> FastAPI:
     """The app as `tracestore serve` runs it in each worker: settings from the environment,
-    its heap frozen once started (`create_app`'s `freeze_heap`)."""
+    its heap frozen once started (`create_app`'s `freeze_heap`), the process its own."""
     from tracestore.api.app import create_app  # in the worker, not in the supervisor
 
-    return create_app(freeze_heap=True)
+    return create_app(freeze_heap=True, owns_process=True)
 
 
 def uvicorn_options() -> dict[str, Any]:

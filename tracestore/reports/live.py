@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -172,7 +173,7 @@ def _worker_pool() -> ProcessPoolExecutor:
                 max_workers=WORKERS,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_child_init,
-                initargs=(spill_root,),
+                initargs=(spill_root, os.getpid()),
             )
             _spill_roots[_pool] = spill_root
         return _pool
@@ -184,8 +185,9 @@ def _reset_pool(broken: ProcessPoolExecutor) -> None:
         if _pool is broken:
             _pool = None
         spill_root = _spill_roots.pop(broken, None)
-    # A broken pool's children are already stopped (the executor ends them all).
-    broken.shutdown(wait=False, cancel_futures=True)
+    # A broken pool's children are being stopped (the executor ends them all): wait for
+    # them, so that none still writes where the spill root is removed.
+    broken.shutdown(wait=True, cancel_futures=True)
     if spill_root is not None:
         shutil.rmtree(spill_root, ignore_errors=True)
 
@@ -211,24 +213,27 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _child_init(spill_root: str) -> None:
+def _child_init(spill_root: str, parent: int) -> None:
     from tracestore.reports.connection import allow_sqlite_attach, use_spill_root
 
+    # Ctrl-C in a terminal reaches the whole process group: the parent stops its children.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     allow_sqlite_attach()
     use_spill_root(spill_root)
-    # A parent that dies without stopping its children (SIGKILL, the OOM killer, or a
-    # server worker that exits without running atexit) would leave them running, each
-    # holding its DuckDB's memory, for good.
+    # A parent that dies without stopping its children (SIGKILL, the OOM killer) would
+    # leave them running, each holding its DuckDB's memory, for good. `parent` is the
+    # parent's own pid, given before this child started: it may be gone already.
     threading.Thread(
-        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
+        target=_exit_with_parent, args=(parent, spill_root), name="parent-watch", daemon=True
     ).start()
 
 
-def _exit_with_parent(parent: int) -> None:
-    while True:
+def _exit_with_parent(parent: int, spill_root: str) -> None:
+    while os.getppid() == parent:
         time.sleep(PARENT_CHECK)
-        if os.getppid() != parent:  # reparented: the parent is gone
-            os._exit(1)
+    # Reparented: the parent is gone, and nobody else removes what the pool spilled.
+    shutil.rmtree(spill_root, ignore_errors=True)
+    os._exit(1)
 
 
 # --- the work itself (in a child) ---------------------------------------------------------
