@@ -230,10 +230,14 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
+def _configured_limit() -> str:
+    return os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+
+
 def memory_limit() -> str:
     """DuckDB's memory limit here: TRACESTORE_ANALYTICS_MEMORY_LIMIT (DuckDB's syntax,
     e.g. `2GiB`), or an eighth of the memory available (at least 256 MiB)."""
-    value = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    value = _configured_limit()
     if value:
         return value
     available = available_memory()
@@ -241,6 +245,11 @@ def memory_limit() -> str:
         return ""  # DuckDB's own default
     # An eighth: a server process has two analytics children, and a host a few processes.
     return f"{max(available // 8, 256 << 20) >> 20}MiB"
+
+
+def new_spill_root() -> str:
+    """A new directory for DuckDBs' spills to go under (the caller removes it)."""
+    return tempfile.mkdtemp(prefix="tracestore-duckdb-")
 
 
 def use_spill_root(path: str) -> None:
@@ -259,7 +268,7 @@ def spill_directory() -> str:
     global _spill_root
     with _spill_lock:
         if _spill_root is None:
-            _spill_root = tempfile.mkdtemp(prefix="tracestore-duckdb-")
+            _spill_root = new_spill_root()
             atexit.register(shutil.rmtree, _spill_root, True)
         return os.path.join(_spill_root, f"db-{next(_spill_count)}")
 
@@ -281,7 +290,7 @@ def new_connection() -> duckdb.DuckDBPyConnection:
             },
         )
     except duckdb.Error as exc:
-        if os.environ.get(MEMORY_LIMIT_ENV, "").strip():  # the one setting an operator writes
+        if _configured_limit():  # the one setting an operator writes
             raise AnalyticsError(
                 f"{MEMORY_LIMIT_ENV}={limit!r} is not a memory size DuckDB reads "
                 f"({first_line(exc)}): give a number and a unit, e.g. 2GiB or 512MB"

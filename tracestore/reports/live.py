@@ -29,7 +29,6 @@ import os
 import pickle
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -165,10 +164,12 @@ def _portable(fn: Callable[..., T], *args: object) -> T:
 
 
 def _worker_pool() -> ProcessPoolExecutor:
+    from tracestore.reports.connection import new_spill_root
+
     global _pool
     with _pool_lock:
         if _pool is None:
-            spill_root = tempfile.mkdtemp(prefix="tracestore-duckdb-")
+            spill_root = new_spill_root()
             _pool = ProcessPoolExecutor(
                 max_workers=WORKERS,
                 mp_context=multiprocessing.get_context("spawn"),
