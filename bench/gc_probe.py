@@ -41,9 +41,13 @@ def _serve_probed(argv: list[str]) -> None:
     path = Path(os.environ[STATS_ENV])
 
     def write_forever() -> None:
+        # Renamed into place: the reader never sees a file half written (write_text
+        # truncates first, and a read in between found it empty).
+        staged = path.with_name(path.name + ".new")
         while True:
             time.sleep(0.2)
-            path.write_text(repr(stats))
+            staged.write_text(repr(stats))
+            os.replace(staged, path)
 
     threading.Thread(target=write_forever, daemon=True).start()
     from tracestore.cli.main import app
