@@ -101,3 +101,9 @@ class Unavailable(TracestoreError):
 
 def _rebuild(cls: type[TracestoreError], message: str, details: dict[str, Any]) -> TracestoreError:
     return cls(message, **details)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error message (DuckDB adds context lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

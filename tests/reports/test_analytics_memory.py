@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +21,9 @@ from tests.conftest import LiveServer
 from tests.reports.conftest import Store
 from tracestore.errors import InvalidRequest
 from tracestore.reports import live
-from tracestore.reports.connection import (
-    CGROUP_LIMITS,
-    MEMORY_LIMIT_ENV,
-    AnalyticsError,
-    new_connection,
-)
+from tracestore.reports.connection import AnalyticsError, new_connection
 from tracestore.reports.filters import Filters
+from tracestore.reports.memory import CGROUP_LIMITS, MEMORY_LIMIT_ENV
 from tracestore.settings import Settings
 
 MiB = 1 << 20
@@ -127,6 +125,22 @@ def test_a_limit_duckdb_cannot_read_is_named(store: Store, limited: pytest.Monke
     with pytest.raises(AnalyticsError) as refused:
         live.report(store.url, "returns", Filters())
     assert f"{MEMORY_LIMIT_ENV}='lots' is not a memory size" in str(refused.value)
+
+
+def test_serve_refuses_a_limit_duckdb_cannot_read_before_starting(tmp_path: Path) -> None:
+    # Else each worker's reports would fail one by one, the server looking healthy.
+    db = tmp_path / "store.db"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tracestore"), "serve", "--db", str(db)],
+        env={**os.environ, MEMORY_LIMIT_ENV: "lots"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{MEMORY_LIMIT_ENV}='lots' is not a memory size DuckDB reads" in done.stderr
+    assert "uvicorn" not in done.stderr.lower()  # no server started
+    assert not db.exists()  # refused before the store was made
 
 
 def test_an_export_out_of_memory_is_an_analytics_error_naming_the_limit(

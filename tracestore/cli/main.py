@@ -103,9 +103,12 @@ def serve(
     """Run the HTTP API (a new SQLite database file is created and migrated first)."""
     from tracestore.api.server import run_server
     from tracestore.db import migrate
+    from tracestore.reports.memory import check_memory_limit
 
     settings = settings_for(db)
     with reported_errors():
+        # The workers' reports would find a bad value one by one, at their first report.
+        check_memory_limit()
         if migrate_db:
             from tracestore.db.engine import create_engine
 

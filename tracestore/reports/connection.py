@@ -19,13 +19,7 @@ instead, with a one-line notice.
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
-import itertools
-import os
-import shutil
-import tempfile
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +43,13 @@ from sqlalchemy.engine import URL
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from tracestore.db.types import JSONValue, UTCDateTime
-from tracestore.errors import InvalidRequest, Unavailable
+from tracestore.errors import InvalidRequest, Unavailable, first_line
 from tracestore.reports import lake
 from tracestore.reports.catalog import views_sql
 from tracestore.reports.lake import EPOCH_SUFFIX
+from tracestore.reports.memory import configured_limit, memory_limit, unreadable_limit
 from tracestore.reports.snapshot import Manifest, SnapshotTable, read_manifest
+from tracestore.reports.spill import spill_directory
 
 # Tables analytics never expose: the zstd raw documents (GET /v1/rollouts/{run_id} serves
 # them) are large, opaque and not for aggregation.
@@ -90,12 +86,6 @@ def quote_ident(name: str) -> str:
 def sql_literal(text: str) -> str:
     """A DuckDB string literal (for statements that take no parameters: LOAD, ATTACH, SET)."""
     return "'" + text.replace("'", "''") + "'"
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error message (DuckDB adds context lines)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- types --------------------------------------------------------------------------------
@@ -203,76 +193,6 @@ def attach_target(url: URL) -> tuple[str, str]:
 # --- the connection -------------------------------------------------------------------------
 
 
-# DuckDB's memory for one connection's work (its buffer manager's limit: not all a process
-# holds, but what grows with the data): what does not fit spills to disk, what cannot
-# spill fails with a clear error. DuckDB's own default is 80% of the memory available.
-MEMORY_LIMIT_ENV = "TRACESTORE_ANALYTICS_MEMORY_LIMIT"
-# cgroup v2, then v1: a container's limit, which sysconf does not see.
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-_spill_lock = threading.Lock()
-_spill_root: str | None = None
-_spill_count = itertools.count()
-
-
-def available_memory() -> int | None:
-    """The machine's RAM, or the container's (cgroup) limit when lower; None if unknown."""
-    try:
-        found = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
-    except (ValueError, OSError):
-        found = []
-    for path in CGROUP_LIMITS:
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():  # "max" (v2) means none
-            found.append(int(text))
-    return min(found) if found else None
-
-
-def _configured_limit() -> str:
-    return os.environ.get(MEMORY_LIMIT_ENV, "").strip()
-
-
-def memory_limit() -> str:
-    """DuckDB's memory limit here: TRACESTORE_ANALYTICS_MEMORY_LIMIT (DuckDB's syntax,
-    e.g. `2GiB`), or an eighth of the memory available (at least 256 MiB)."""
-    value = _configured_limit()
-    if value:
-        return value
-    available = available_memory()
-    if available is None:
-        return ""  # DuckDB's own default
-    # An eighth: a server process has two analytics children, and a host a few processes.
-    return f"{max(available // 8, 256 << 20) >> 20}MiB"
-
-
-def new_spill_root() -> str:
-    """A new directory for DuckDBs' spills to go under (the caller removes it)."""
-    return tempfile.mkdtemp(prefix="tracestore-duckdb-")
-
-
-def use_spill_root(path: str) -> None:
-    """Spill under `path`, a directory someone else made and removes (the analytics
-    children's, made by the process that starts them: removed even when a child dies)."""
-    global _spill_root
-    with _spill_lock:
-        _spill_root = path
-
-
-def spill_directory() -> str:
-    """A directory of its own for one DuckDB's spilled intermediates: DuckDB makes it when
-    it first spills and removes it when closed. (Two DuckDBs sharing one delete each
-    other's files: they name them alike. DuckDB's default is `.tmp` in the working
-    directory, wherever that is.) Under this process's root, made once, removed at exit."""
-    global _spill_root
-    with _spill_lock:
-        if _spill_root is None:
-            _spill_root = new_spill_root()
-            atexit.register(shutil.rmtree, _spill_root, True)
-        return os.path.join(_spill_root, f"db-{next(_spill_count)}")
-
-
 def new_connection() -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB that never fetches extensions, works in UTC, and keeps to
     its memory limit (spilling what it can)."""
@@ -290,11 +210,8 @@ def new_connection() -> duckdb.DuckDBPyConnection:
             },
         )
     except duckdb.Error as exc:
-        if _configured_limit():  # the one setting an operator writes
-            raise AnalyticsError(
-                f"{MEMORY_LIMIT_ENV}={limit!r} is not a memory size DuckDB reads "
-                f"({first_line(exc)}): give a number and a unit, e.g. 2GiB or 512MB"
-            ) from None
+        if configured_limit():  # the one setting an operator writes
+            raise AnalyticsError(unreadable_limit(limit, first_line(exc))) from None
         raise AnalyticsError(f"DuckDB did not start: {first_line(exc)}") from None
     # Day boundaries and displayed times are UTC whatever the machine's zone.
     con.execute("SET TimeZone = 'UTC'")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 from sqlalchemy.engine import URL
 
 from tracestore.db.engine import normalize_url
+from tracestore.reports.spill import new_spill_root, remove_spill_root, use_spill_root
 
 if TYPE_CHECKING:
     from tracestore.reports.connection import Analytics
@@ -164,8 +165,6 @@ def _portable(fn: Callable[..., T], *args: object) -> T:
 
 
 def _worker_pool() -> ProcessPoolExecutor:
-    from tracestore.reports.connection import new_spill_root
-
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -190,7 +189,7 @@ def _reset_pool(broken: ProcessPoolExecutor) -> None:
     # them, so that none still writes where the spill root is removed.
     broken.shutdown(wait=True, cancel_futures=True)
     if spill_root is not None:
-        shutil.rmtree(spill_root, ignore_errors=True)
+        remove_spill_root(spill_root)
 
 
 def shutdown() -> None:
@@ -203,7 +202,7 @@ def shutdown() -> None:
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
     for spill_root in spill_roots:
-        shutil.rmtree(spill_root, ignore_errors=True)
+        remove_spill_root(spill_root)
     with _sessions_lock:
         sessions = list(_sessions.values())
         _sessions.clear()
@@ -215,7 +214,7 @@ atexit.register(shutdown)
 
 
 def _child_init(spill_root: str, parent: int) -> None:
-    from tracestore.reports.connection import allow_sqlite_attach, use_spill_root
+    from tracestore.reports.connection import allow_sqlite_attach
 
     # Ctrl-C in a terminal reaches the whole process group: the parent stops its children.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

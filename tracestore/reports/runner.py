@@ -13,16 +13,11 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 
 from tracestore.db.types import pg_safe
-from tracestore.errors import InvalidRequest
+from tracestore.errors import InvalidRequest, first_line
 from tracestore.reports.catalog import Report
-from tracestore.reports.connection import (
-    MEMORY_LIMIT_ENV,
-    Analytics,
-    AnalyticsError,
-    first_line,
-    memory_limit,
-)
+from tracestore.reports.connection import Analytics, AnalyticsError
 from tracestore.reports.filters import Filters
+from tracestore.reports.memory import MEMORY_LIMIT_ENV, memory_limit
 
 # Table functions that reach a database outside DuckDB's read-only attachment (the
 # postgres extension's postgres_execute can switch its transaction to read-write), or

@@ -1,0 +1,188 @@
+"""Spill roots left by processes killed together are removed by the next one made.
+
+A `tracestore serve` worker and its analytics children killed at once (SIGKILL to the
+process group) left their `tracestore-duckdb-*` directory in the temporary directory,
+with whatever was being spilled: four after each run of the suite. A root is abandoned
+when no process holds its lock; making a root removes the abandoned ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.harness import child_pids
+from tests.reports.conftest import Store
+from tracestore.reports.spill import (
+    OWNER,
+    PREFIX,
+    new_spill_root,
+    remove_spill_root,
+    sweep_abandoned,
+)
+
+
+@pytest.fixture
+def tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary directory of the test's own, for this process and the ones it starts."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path
+
+
+def _python(code: str, tmp: Path, *, session: bool = False) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=session,
+    )
+
+
+# Makes a root, says where, and waits for its stdin to close (holding the root meanwhile).
+HOLD = (
+    "import sys\n"
+    "from tracestore.reports.spill import new_spill_root\n"
+    "print(new_spill_root(), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def _wait_unlocked(lock: Path) -> None:
+    """Until no process holds a lock on `lock`. (A killed process's main thread shows as
+    a zombie while its other threads, DuckDB's among them, are still closing its files.)"""
+    deadline = time.monotonic() + 10
+    while held := _holders(lock):
+        assert time.monotonic() < deadline, f"still held: {held}"
+        time.sleep(0.05)
+
+
+def _holders(lock: Path) -> list[str]:
+    """The kernel's locks on `lock` (its lines of /proc/locks)."""
+    inode = f":{lock.stat().st_ino} "
+    return [line for line in Path("/proc/locks").read_text().splitlines() if inode in line]
+
+
+def _roots(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob(PREFIX + "*"))
+
+
+def test_a_root_whose_process_was_killed_is_removed_when_the_next_is_made(tmp: Path) -> None:
+    holder = _python(HOLD, tmp)
+    assert holder.stdout is not None
+    left = Path(holder.stdout.readline().strip())
+    (left / "db-0").mkdir()
+    (left / "db-0" / "duckdb_temp_storage-0.tmp").write_bytes(b"x" * 4096)  # spilled
+    holder.kill()
+    holder.wait(10)
+    assert left.is_dir()
+
+    made = new_spill_root()
+    try:
+        assert not left.exists()
+        assert _roots(tmp) == [Path(made)]
+        assert (Path(made) / OWNER).is_file()
+    finally:
+        remove_spill_root(made)
+    assert _roots(tmp) == []
+
+
+def test_a_root_in_use_is_kept_until_its_process_ends(tmp: Path) -> None:
+    holder = _python(HOLD, tmp)
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    held = Path(holder.stdout.readline().strip())
+    try:
+        assert sweep_abandoned() == []
+        assert held.is_dir()
+    finally:
+        holder.stdin.close()  # it ends without removing its root (as if killed)
+        holder.wait(10)
+    assert sweep_abandoned() == [str(held)]
+    assert not held.exists()
+
+
+def test_a_root_this_process_holds_is_kept(tmp: Path) -> None:
+    mine = new_spill_root()
+    try:
+        assert sweep_abandoned() == []
+        assert Path(mine).is_dir()
+    finally:
+        remove_spill_root(mine)
+
+
+def test_a_process_using_a_root_keeps_it_after_its_maker_died(tmp: Path) -> None:
+    # The analytics children spill under their parent's root; a child outliving its
+    # parent for a moment (it looks for its parent every second) must keep its files.
+    maker = _python(HOLD, tmp)
+    assert maker.stdout is not None
+    root = maker.stdout.readline().strip()
+    user = _python(
+        "import sys\n"
+        "from tracestore.reports.spill import use_spill_root\n"
+        f"use_spill_root({root!r})\n"
+        "print('using', flush=True)\n"
+        "sys.stdin.read()\n",
+        tmp,
+    )
+    assert user.stdin is not None
+    assert user.stdout is not None
+    assert user.stdout.readline().strip() == "using"
+    maker.kill()
+    maker.wait(10)
+    try:
+        assert sweep_abandoned() == []
+        assert Path(root).is_dir()
+    finally:
+        user.stdin.close()
+        user.wait(10)
+    assert sweep_abandoned() == [root]
+
+
+def test_a_directory_without_an_owner_file_is_left_alone(tmp: Path) -> None:
+    # Made by a version before the lock, or by another user: not ours to judge.
+    other = tmp / (PREFIX + "before-locks")
+    other.mkdir()
+    assert sweep_abandoned() == []
+    assert other.is_dir()
+
+
+def test_a_server_process_group_killed_at_once_leaves_nothing_past_the_next_report(
+    tmp: Path, store: Store
+) -> None:
+    # As the suite's servers end: the worker and its analytics children SIGKILLed
+    # together, so no child is left to find its parent gone and remove the pool's root.
+    worker = _python(
+        "import os, signal, sys\n"
+        "from tracestore.reports import live\n"
+        f"live.query({store.url!r}, 'SELECT 42 AS n')\n"
+        "(root,) = live._spill_roots.values()\n"
+        "print(root, flush=True)\n"
+        "sys.stdin.read()\n",
+        tmp,
+        session=True,
+    )
+    assert worker.stdout is not None
+    root = Path(worker.stdout.readline().strip())
+    assert root.is_dir()
+    assert root.parent == tmp
+    assert child_pids(worker.pid)  # the analytics children, spilling under `root`
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    _wait_unlocked(root / OWNER)
+    assert root.is_dir()  # left behind: nobody was there to remove it
+
+    made = new_spill_root()  # as the next pool (or CLI DuckDB) starts
+    try:
+        assert not root.exists()
+    finally:
+        remove_spill_root(made)
