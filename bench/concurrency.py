@@ -98,6 +98,24 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+def postgres_cpu() -> float:
+    """User + system CPU seconds of every live process named `postgres` on this machine
+    (the local server and its backends; one that ends during a measurement takes its
+    seconds with it, so the figure is a floor)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if text[text.index("(") + 1 : text.rindex(")")] == "postgres":
+                fields = text.rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def tree_cpu(root: int) -> float:
     """User + system CPU seconds of process `root` and every live descendant."""
     total = 0.0
@@ -234,7 +252,7 @@ def post_all(base: str, bodies: Sequence[bytes], clients: int, batch: bool) -> d
 
 
 def _figures(
-    done: dict[str, Any], rollouts: int, server_cpu: float, clients: int
+    done: dict[str, Any], rollouts: int, server_cpu: float, clients: int, postgres: float
 ) -> dict[str, Any]:
     lat = sorted(done["latencies"])
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
@@ -248,6 +266,8 @@ def _figures(
         "p99_ms": round(q[98] * 1000, 2),
         "server_cpu_ms_per_rollout": round(server_cpu * 1000 / rollouts, 3),
         "client_cpu_ms_per_rollout": round(done["client_cpu"] * 1000 / rollouts, 3),
+        # The two cores are shared: on PostgreSQL its CPU is the throughput's too.
+        "postgres_cpu_ms_per_rollout": round(postgres * 1000 / rollouts, 3),
         "failures": len(done["failures"]),
         "first_failure": done["failures"][0] if done["failures"] else None,
     }
@@ -263,9 +283,10 @@ def measure(
         else list(docs)
     )
     clients = min(clients, len(bodies))
-    cpu = tree_cpu(pid)
+    cpu, postgres = tree_cpu(pid), postgres_cpu()
     done = post_all(base, bodies, clients, batch)
-    return _figures(done, len(docs), tree_cpu(pid) - cpu, clients)
+    server, postgres = tree_cpu(pid) - cpu, postgres_cpu() - postgres
+    return _figures(done, len(docs), server, clients, postgres)
 
 
 # --- the runs ------------------------------------------------------------------------------
@@ -311,9 +332,11 @@ def run_backend(
                 out[kind][str(n_clients)] = {"single": single, "batch": batch}
                 log(
                     f"{backend} {kind} {n_clients:>3} clients: single {single['rollouts_per_s']}/s "
-                    f"p50 {single['p50_ms']} ms cpu {single['server_cpu_ms_per_rollout']} ms; "
+                    f"p50 {single['p50_ms']} ms cpu {single['server_cpu_ms_per_rollout']} ms"
+                    f" (postgres {single['postgres_cpu_ms_per_rollout']}); "
                     f"batch {batch['rollouts_per_s']}/s "
-                    f"cpu {batch['server_cpu_ms_per_rollout']} ms",
+                    f"cpu {batch['server_cpu_ms_per_rollout']} ms"
+                    f" (postgres {batch['postgres_cpu_ms_per_rollout']})",
                     flush=True,
                 )
     return out
@@ -350,6 +373,12 @@ def run(
 CORPUS_NAMES = {"multi": "108 KB", "single": "1.2 KB"}
 
 
+def _postgres(backend: str, m: dict[str, Any]) -> str:
+    # Results written before the figure existed have none; SQLite's run has nothing to show.
+    figure = m.get("postgres_cpu_ms_per_rollout")
+    return "-" if backend != "postgresql" or figure is None else f"{figure:.2f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The results as a Markdown table, and the issue's targets."""
     lines = [
@@ -358,8 +387,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| database | corpus | clients | single: rollouts/s | p50 / p99 ack (ms) | server CPU "
         "(ms/rollout) | batch of 50: rollouts/s | p50 / p99 per batch (ms) | server CPU "
-        "(ms/rollout) | single / batch rollouts/s | CPU single / batch |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(ms/rollout) | single / batch rollouts/s | CPU single / batch | PostgreSQL CPU "
+        "single / batch (ms/rollout) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for backend, by_corpus in results["results"].items():
         for kind, by_clients in by_corpus.items():
@@ -374,7 +404,8 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{b['p50_ms']:.0f} / {b['p99_ms']:.0f} | "
                     f"{b['server_cpu_ms_per_rollout']:.2f} | "
                     f"{s['rollouts_per_s'] / b['rollouts_per_s']:.2f} | "
-                    f"{s['server_cpu_ms_per_rollout'] / b['server_cpu_ms_per_rollout']:.2f} |"
+                    f"{s['server_cpu_ms_per_rollout'] / b['server_cpu_ms_per_rollout']:.2f} | "
+                    f"{_postgres(backend, s)} / {_postgres(backend, b)} |"
                 )
     lines += ["", targets(results)]
     return "\n".join(lines) + "\n"

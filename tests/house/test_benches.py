@@ -91,6 +91,7 @@ def test_every_benchmark_with_an_entry_point_is_run_here_or_elsewhere() -> None:
         "overload": "writes bench/results/overload.* on every run",
         "disk_breakdown": "PostgreSQL and SQLite both, no option for one",
         "group_write": "PostgreSQL",
+        "pg_insert_forms": "PostgreSQL",
         "ingest_examples": "PostgreSQL",
     }
     modules = {
