@@ -250,7 +250,12 @@ class ServerProcess:
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM: uvicorn finishes requests in flight), else SIGKILL."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:
+            # The server is gone; what it started may not be (a test killed it alone).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)

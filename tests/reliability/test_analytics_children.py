@@ -92,3 +92,21 @@ def test_a_killed_worker_s_analytics_children_end(server: ServerProcess) -> None
     assert _gone_within(children, 10) == []
     # Its pool's spill directory went with them (removed by the last child to notice).
     assert len(_spill_roots(server)) == len(roots) - 1
+
+
+def test_a_killed_supervisor_s_workers_stop_with_their_children(server: ServerProcess) -> None:
+    # uvicorn's workers outlived a supervisor killed outright: they went on answering on
+    # the port (a server started again shared it with them, SO_REUSEPORT) and kept their
+    # analytics children. Now each worker stops gracefully once it finds its supervisor
+    # gone, and its children with it.
+    started = _analytics_children(server)
+    workers = list(started)
+    children = [kid for kids in started.values() for kid in kids]
+    os.kill(server.pid, signal.SIGKILL)  # the supervisor alone
+    assert server.proc is not None
+    server.proc.wait(timeout=10)
+    assert _gone_within(workers, 30) == []
+    assert _gone_within(children, 10) == []
+    with pytest.raises(httpx.TransportError):  # nobody listens on the port any more
+        httpx.get(server.url + "/health", timeout=2)
+    assert _spill_roots(server) == []  # removed by the workers' own shutdown

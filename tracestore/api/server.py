@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
 import socket
+import threading
+import time
 from typing import Any, cast
 
 import orjson
@@ -44,6 +48,10 @@ LINGER_IDLE_S = 5.0
 LINGER_TOTAL_S = 30.0
 # Seconds before uvicorn's supervisor takes a silent worker for hung (see uvicorn_options).
 WORKER_HEALTHCHECK_S = 60
+# The supervisor's pid, for its workers (set by run_server; internal, not a setting).
+SUPERVISOR_ENV = "TRACESTORE_SERVE_SUPERVISOR_PID"
+# How often a worker looks for its supervisor.
+SUPERVISOR_CHECK_S = 1.0
 
 
 @functools.cache
@@ -311,9 +319,14 @@ def run_server(
         **uvicorn_options(),
     }
     if workers == 1:
+        # No supervisor: the app runs in this process (an inherited value would name
+        # another process's supervisor).
+        os.environ.pop(SUPERVISOR_ENV, None)
         uvicorn.run(app or APP, **options)
         return
     config = Config(app or APP, **options)
+    # Workers are spawned from this environment: each learns which process to end with.
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
     try:
         sock = reserve_address(host, port)
     except OSError as exc:
@@ -334,7 +347,30 @@ def served_app() -> FastAPI:
     its heap frozen once started (`create_app`'s `freeze_heap`), the process its own."""
     from tracestore.api.app import create_app  # in the worker, not in the supervisor
 
+    follow_supervisor()
     return create_app(freeze_heap=True, owns_process=True)
+
+
+def follow_supervisor() -> None:
+    """In a worker of `tracestore serve --workers N`: stop gracefully (SIGTERM to itself)
+    once the supervisor is gone.
+
+    uvicorn's workers outlive a supervisor killed outright (SIGKILL, the OOM killer): they
+    went on answering on the port, with their analytics children, and a server started
+    again beside them shared the port (SO_REUSEPORT) with the old code."""
+    expected = os.environ.get(SUPERVISOR_ENV, "")
+    if not expected.isdigit():
+        return  # one worker: uvicorn runs it in the supervisor's own process
+    supervisor = int(expected)
+
+    def watch() -> None:
+        # A worker is the supervisor's child: reparented (to init or a subreaper) when it
+        # is gone, whether before this thread started or after.
+        while os.getppid() == supervisor:
+            time.sleep(SUPERVISOR_CHECK_S)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
 def uvicorn_options() -> dict[str, Any]:
@@ -352,6 +388,7 @@ def uvicorn_options() -> dict[str, Any]:
 
 __all__ = [
     "GuardedHttpToolsProtocol",
+    "follow_supervisor",
     "reserve_address",
     "run_server",
     "served_app",
