@@ -74,10 +74,14 @@ async def get_metrics_session(state: StateDep) -> AsyncIterator[Session]:
 MetricsSessionDep = Annotated[Session, Depends(get_metrics_session)]
 
 
-async def read_slot(state: StateDep) -> AsyncIterator[None]:
-    """Hold a read slot for the request (routes that reach the store other than through a
-    session: the reports)."""
-    async with state.lanes.reads.slot():
+async def analytics_slot(state: StateDep) -> AsyncIterator[None]:
+    """Hold one of this process's analytics children, then a read slot, for a report
+    (which reaches the store through its own connections, in the child).
+
+    In that order: reports queued behind the two running used to hold a read slot each
+    while they waited, and eight of them took every slot the store's other readers
+    (trainers' look-ups, fetches) had: those waited `TRACESTORE_DB_WAIT`, then 503."""
+    async with state.lanes.analytics.slot(), state.lanes.reads.slot():
         yield
 
 

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from tracestore import errors
-from tracestore.api.overload import BUSY_RETRY_AFTER, DatabaseBusy, ParsingBusy
+from tracestore.api.overload import ANALYTICS_LANE, BUSY_RETRY_AFTER, DatabaseBusy, ParsingBusy
 from tracestore.jsontext import dumps
 
 log = logging.getLogger("tracestore.api")
@@ -148,11 +148,15 @@ async def _busy(request: Request, exc: Exception) -> JSONBody:
             exc,
         )
         _busy_log.update(at=now, since=0)
+    what = (
+        "both analytics processes stayed busy with other reports"
+        if isinstance(exc, DatabaseBusy) and exc.lane == ANALYTICS_LANE
+        else "every database connection stayed busy"
+    )
     return JSONBody(
         error_body(
             "database_busy",
-            "every database connection stayed busy for the whole wait; retry after the "
-            "Retry-After delay",
+            f"{what} for the whole wait; retry after the Retry-After delay",
             retry_after=BUSY_RETRY_AFTER,
         ),
         status_code=503,

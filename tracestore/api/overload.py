@@ -15,7 +15,10 @@ waiting for it, so a request holding a slot gets its connection at once. The lan
 - `writes`: ingest (`TRACESTORE_DB_WRITE_CONNECTIONS` slots), so no flood of readers
   starves producers, nor a flood of producers the readers;
 - `health` (/health, /info) and `metrics` (/metrics): one slot each, on a small engine and
-  threads of their own: the cheap routes never wait behind the pool or the thread pool.
+  threads of their own: the cheap routes never wait behind the pool or the thread pool;
+- `analytics`: not connections but this process's two analytics children (DuckDB, one
+  report each); a report waits for one before it takes a read slot, so reports queued
+  behind the running ones hold neither read slots nor threads.
 
 Connections go back through the lane's own threads, never queued behind requests, and
 shielded from cancellation. `AbandonedRequests` cancels a body-less request (every GET)
@@ -37,6 +40,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracestore.db.engine import create_engine
+from tracestore.reports.live import WORKERS as ANALYTICS_CHILDREN
 from tracestore.settings import Settings
 
 log = logging.getLogger("tracestore.api")
@@ -46,6 +50,8 @@ Ts = TypeVarTuple("Ts")
 
 # Seconds a client should wait after a 503 database_busy.
 BUSY_RETRY_AFTER = 1
+# The lane of the reports' analytics children (Lanes.analytics).
+ANALYTICS_LANE = "analytics"
 # Connections of the main pool outside the lanes: the store's own background work (the
 # legacy-read flush, the drift page's flush, SQL fallbacks of reports) never waits for a
 # request's slot, and requests never wait for it.
@@ -297,12 +303,16 @@ class Lanes:
         self.writes = Lane("write", self.engine, writes, wait)
         self.health = Lane("health", self.service_engine, 1, wait)
         self.metrics = Lane("metrics", self.service_engine, 1, wait)
+        # Not a connection lane: this process's analytics children, one report each
+        # (reports/live.py). A report waits here before it takes a read slot.
+        self.analytics = Lane(ANALYTICS_LANE, self.engine, ANALYTICS_CHILDREN, wait)
         # Not a connection lane: the memory ingests take while they parse and store.
         self.parsing = ParseBudget(settings.max_parsed_bytes, wait)
 
     def busy(self) -> int:
         """Requests refused with database_busy so far, over every lane."""
-        return sum(lane.busy for lane in (self.reads, self.writes, self.health, self.metrics))
+        lanes = (self.reads, self.writes, self.health, self.metrics, self.analytics)
+        return sum(lane.busy for lane in lanes)
 
     def dispose(self) -> None:
         """Close every pooled connection."""
