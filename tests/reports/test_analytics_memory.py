@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, free_port
 from tests.reports.conftest import Store
 from tracestore.errors import InvalidRequest
 from tracestore.reports import live
@@ -131,11 +131,14 @@ def test_serve_refuses_a_limit_duckdb_cannot_read_before_starting(tmp_path: Path
     # Else each worker's reports would fail one by one, the server looking healthy.
     db = tmp_path / "store.db"
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "tracestore"), "serve", "--db", str(db)],
+        [
+            *(str(Path(sys.executable).parent / "tracestore"), "serve", "--db", str(db)),
+            *("--port", str(free_port())),  # were it to start: not on a port in use
+        ],
         env={**os.environ, MEMORY_LIMIT_ENV: "lots"},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=20,  # the refusal takes a second; a server started instead never ends
     )
     assert done.returncode == 2, done.stderr
     assert f"{MEMORY_LIMIT_ENV}='lots' is not a memory size DuckDB reads" in done.stderr

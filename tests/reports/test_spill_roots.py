@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +73,13 @@ def _holders(lock: Path) -> list[str]:
     return [line for line in Path("/proc/locks").read_text().splitlines() if inode in line]
 
 
+def _wait_gone(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} is still there"
+        time.sleep(0.02)
+
+
 def _roots(tmp: Path) -> list[Path]:
     return sorted(tmp.glob(PREFIX + "*"))
 
@@ -86,9 +94,9 @@ def test_a_root_whose_process_was_killed_is_removed_when_the_next_is_made(tmp: P
     holder.wait(10)
     assert left.is_dir()
 
-    made = new_spill_root()
+    made = new_spill_root()  # sweeps in the background
     try:
-        assert not left.exists()
+        _wait_gone(left)
         assert _roots(tmp) == [Path(made)]
         assert (Path(made) / OWNER).is_file()
     finally:
@@ -156,7 +164,7 @@ def test_a_directory_without_an_owner_file_is_left_alone(tmp: Path) -> None:
     assert other.is_dir()
 
 
-def test_a_server_process_group_killed_at_once_leaves_nothing_past_the_next_report(
+def test_a_server_process_group_killed_at_once_leaves_a_root_the_next_one_made_removes(
     tmp: Path, store: Store
 ) -> None:
     # As the suite's servers end: the worker and its analytics children SIGKILLed
@@ -183,6 +191,102 @@ def test_a_server_process_group_killed_at_once_leaves_nothing_past_the_next_repo
 
     made = new_spill_root()  # as the next pool (or CLI DuckDB) starts
     try:
-        assert not root.exists()
+        _wait_gone(root)
+        assert _roots(tmp) == [Path(made)]
     finally:
         remove_spill_root(made)
+
+
+def test_a_sweep_never_finds_a_new_root_unlocked(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lock file is locked under another name, then renamed `.owner`: a sweep at any
+    # moment of the making sees no `.owner`, or a locked one. (Locks belong to open file
+    # descriptions: a sweep in this process tests them as another process's would.)
+    rename = os.rename
+    swept: list[list[str]] = []
+
+    def sweeping_rename(src: str, dst: str) -> None:
+        swept.append(sweep_abandoned())
+        rename(src, dst)
+        swept.append(sweep_abandoned())
+
+    monkeypatch.setattr(os, "rename", sweeping_rename)  # the one spill.py calls
+    made = new_spill_root()
+    monkeypatch.undo()
+    try:
+        assert swept == [[], []]
+        assert (Path(made) / OWNER).is_file()
+    finally:
+        remove_spill_root(made)
+
+
+def test_a_planted_fifo_for_a_lock_file_does_not_hang_the_sweep(tmp: Path) -> None:
+    # Anyone may make a directory under the prefix in a shared /tmp: opening a FIFO
+    # named `.owner` would block forever, with the analytics pool's lock held.
+    planted = tmp / (PREFIX + "planted")
+    planted.mkdir()
+    os.mkfifo(planted / OWNER)
+    done = threading.Event()
+
+    def sweep() -> None:
+        sweep_abandoned()
+        done.set()
+
+    threading.Thread(target=sweep, daemon=True).start()
+    assert done.wait(10), "the sweep hung on a FIFO"
+    assert planted.is_dir()  # not a root of ours: left alone
+
+
+def test_only_the_last_process_using_a_root_removes_it(tmp: Path) -> None:
+    # An analytics child whose parent died removes the pool's root on its way out, unless
+    # its sibling still spills into it: then the sibling does.
+    maker = _python(HOLD, tmp)
+    assert maker.stdout is not None
+    root = maker.stdout.readline().strip()
+    child = (
+        "import os, sys\n"
+        "from tracestore.reports.spill import remove_if_last, use_spill_root\n"
+        f"use_spill_root({root!r})\n"
+        "print('using', flush=True)\n"
+        "sys.stdin.readline()\n"
+        f"remove_if_last({root!r})\n"
+        f"print(os.path.isdir({root!r}), flush=True)\n"
+    )
+    first, second = _python(child, tmp), _python(child, tmp)
+    for sibling in (first, second):
+        assert sibling.stdout is not None
+        assert sibling.stdout.readline().strip() == "using"
+    maker.kill()
+    maker.wait(10)
+    answers = []
+    for sibling in (first, second):  # as they notice their parent gone, one by one
+        assert sibling.stdin is not None
+        assert sibling.stdout is not None
+        sibling.stdin.write("go\n")
+        sibling.stdin.flush()
+        answers.append(sibling.stdout.readline().strip())
+        assert sibling.wait(10) == 0
+    assert answers == ["True", "False"]  # kept for the second, removed by it
+    assert not Path(root).exists()
+
+
+def test_a_forked_child_leaves_its_parent_s_root_alone(tmp: Path) -> None:
+    # db/engine.py supports forked processes: one that inherited this process's root
+    # (and its exit handler) must not remove it when it exits.
+    parent = _python(
+        "import os, sys\n"
+        "from tracestore.reports.spill import spill_directory\n"
+        "root = os.path.dirname(spill_directory())\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # exit handlers run\n"
+        "os.waitpid(pid, 0)\n"
+        "print(root, os.path.isdir(root), flush=True)\n",
+        tmp,
+    )
+    assert parent.stdout is not None
+    root, present = parent.stdout.readline().split()
+    assert present == "True"
+    assert parent.wait(10) == 0
+    assert not Path(root).exists()  # removed by its maker, at its own exit

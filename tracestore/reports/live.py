@@ -27,7 +27,6 @@ import atexit
 import multiprocessing
 import os
 import pickle
-import shutil
 import signal
 import threading
 import time
@@ -40,7 +39,12 @@ from typing import TYPE_CHECKING, TypeVar
 from sqlalchemy.engine import URL
 
 from tracestore.db.engine import normalize_url
-from tracestore.reports.spill import new_spill_root, remove_spill_root, use_spill_root
+from tracestore.reports.spill import (
+    new_spill_root,
+    remove_if_last,
+    remove_spill_root,
+    use_spill_root,
+)
 
 if TYPE_CHECKING:
     from tracestore.reports.connection import Analytics
@@ -231,8 +235,9 @@ def _child_init(spill_root: str, parent: int) -> None:
 def _exit_with_parent(parent: int, spill_root: str) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_CHECK)
-    # Reparented: the parent is gone, and nobody else removes what the pool spilled.
-    shutil.rmtree(spill_root, ignore_errors=True)
+    # Reparented: the parent is gone, and nobody else removes what the pool spilled; the
+    # last of the children to notice does (a sibling may still be spilling into it).
+    remove_if_last(spill_root)
     os._exit(1)
 
 
