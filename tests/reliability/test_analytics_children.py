@@ -96,7 +96,7 @@ def test_a_killed_worker_s_analytics_children_end(server: ServerProcess) -> None
 
 def test_a_killed_supervisor_s_workers_stop_with_their_children(server: ServerProcess) -> None:
     # uvicorn's workers outlived a supervisor killed outright: they went on answering on
-    # the port (a server started again shared it with them, SO_REUSEPORT) and kept their
+    # the port (a server started again could not bind it while they lived) and kept their
     # analytics children. Now each worker stops gracefully once it finds its supervisor
     # gone, and its children with it.
     started = _analytics_children(server)

@@ -15,6 +15,7 @@ SQLite has no such lock for readers (WAL): the test runs on PostgreSQL only.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,41 +49,55 @@ def test_reports_waiting_for_an_analytics_child_leave_the_reads_alone(
     # Warm the children (spawned at the first report) before the lock is taken.
     assert httpx.get(f"{url}/v1/reports/tools", timeout=60).status_code == 200
     engine = create_engine(fresh_db.url)
-    answers: list[httpx.Response] = []
+    answers: list[tuple[httpx.Response, float]] = []  # each with the seconds it took
     lock = threading.Lock()
 
     def report() -> None:
+        started = time.monotonic()
         response = httpx.get(f"{url}/v1/reports/tools", timeout=60)
         with lock:
-            answers.append(response)
+            answers.append((response, time.monotonic() - started))
 
-    with engine.connect() as holder:
-        holder.execute(text("LOCK TABLE trace_events IN ACCESS EXCLUSIVE MODE"))
-        threads = [threading.Thread(target=report) for _ in range(REPORTS)]
+    try:
+        with engine.connect() as holder:
+            holder.execute(text("LOCK TABLE trace_events IN ACCESS EXCLUSIVE MODE"))
+            threads = [threading.Thread(target=report) for _ in range(REPORTS)]
+            for thread in threads:
+                thread.start()
+            # While every report is in (two held by the lock in the children, the rest
+            # queued): reads are answered, and so is what needs no analytics child.
+            for _ in range(3):
+                time.sleep(0.3)
+                read = httpx.get(f"{url}/v1/rollouts", params={"limit": 1}, timeout=30)
+                assert read.status_code == 200, read.text
+                assert read.elapsed.total_seconds() < WAIT_S
+            for path, status in (
+                ("/v1/reports", 200),
+                ("/v1/reports/no-such-report", 404),
+                ("/v1/reports/tools?format=xml", 422),
+            ):
+                answer = httpx.get(url + path, timeout=30)
+                assert answer.status_code == status, (path, answer.text)
+                assert answer.elapsed.total_seconds() < WAIT_S, path
+            # Past the wait, the queued reports are refused, saying why; the two in the
+            # children still wait for the lock.
+            deadline = time.monotonic() + WAIT_S + 30
+            while len(answers) < REPORTS - 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with lock:
+                refused = list(answers)
+            assert len(refused) == REPORTS - 2, [(r.status_code, s) for r, s in refused]
+            for response, seconds in refused:
+                assert response.status_code == 503
+                assert seconds >= WAIT_S - 0.1  # after the whole wait, not before
+                assert response.headers["Retry-After"] == "1"
+                error = response.json()["error"]
+                assert error["code"] == "database_busy"
+                assert "analytics processes stayed busy" in error["message"]
+            holder.rollback()  # the lock goes: the two running reports finish
         for thread in threads:
-            thread.start()
-        # Reads while every report is in (two held by the lock in the children, the rest
-        # queued): each answered, not 503 after the wait.
-        for _ in range(3):
-            threading.Event().wait(0.5)
-            read = httpx.get(f"{url}/v1/rollouts", params={"limit": 1}, timeout=30)
-            assert read.status_code == 200, read.text
-            assert read.elapsed.total_seconds() < WAIT_S
-        assert answers == []  # the reports were all still waiting meanwhile
-        # Past the wait, the queued reports are refused, saying why; the two in the
-        # children still wait for the lock.
-        threading.Event().wait(WAIT_S + 1)
-        with lock:
-            refused = list(answers)
-        assert len(refused) == REPORTS - 2, [r.status_code for r in refused]
-        for response in refused:
-            assert response.status_code == 503
-            assert response.headers["Retry-After"] == "1"
-            error = response.json()["error"]
-            assert error["code"] == "database_busy"
-            assert "analytics processes stayed busy" in error["message"]
-        holder.rollback()  # the lock goes: the two running reports finish
-    for thread in threads:
-        thread.join(60)
-    assert sorted(r.status_code for r in answers) == [200, 200] + [503] * (REPORTS - 2)
-    engine.dispose()
+            thread.join(60)
+    finally:
+        engine.dispose()
+    statuses = sorted(response.status_code for response, _ in answers)
+    assert statuses == [200, 200] + [503] * (REPORTS - 2)

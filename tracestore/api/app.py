@@ -13,12 +13,7 @@ from fastapi.openapi.utils import get_openapi
 
 from tracestore import __version__
 from tracestore.api import limits
-from tracestore.api.deps import (
-    AppState,
-    analytics_slot,
-    require_api_key,
-    require_metrics_key,
-)
+from tracestore.api.deps import AppState, require_api_key, require_metrics_key
 from tracestore.api.errors import install_error_handlers
 from tracestore.api.observability import Observability, ObservabilityMiddleware
 from tracestore.api.overload import Lanes
@@ -132,9 +127,9 @@ def create_app(
     # its `{run_id:path}` would match them too (api/params.py).
     app.include_router(convert.router, dependencies=keyed)
     app.include_router(drift.router, dependencies=keyed)
-    # Reports run in the analytics children and reach the store through their own
-    # connections: a child and a read slot bound them.
-    app.include_router(reports.router, dependencies=[*keyed, Depends(analytics_slot)])
+    # Reports take an analytics child and a read slot themselves, after their parameters
+    # are checked, and only while the child works (api/deps.py analytics_slots).
+    app.include_router(reports.router, dependencies=keyed)
     app.include_router(rollouts.router, dependencies=keyed)
     # DELETE on the run route; its own dependency asks for the admin role (api/deps.py).
     app.include_router(admin.router, dependencies=keyed)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -74,15 +76,21 @@ async def get_metrics_session(state: StateDep) -> AsyncIterator[Session]:
 MetricsSessionDep = Annotated[Session, Depends(get_metrics_session)]
 
 
-async def analytics_slot(state: StateDep) -> AsyncIterator[None]:
+@asynccontextmanager
+async def analytics_slots(state: AppState) -> AsyncIterator[None]:
     """Hold one of this process's analytics children, then a read slot, for a report
-    (which reaches the store through its own connections, in the child).
+    (which reaches the store through its own connections, in the child); both waits
+    together take at most the lanes' wait.
 
     In that order: reports queued behind the two running used to hold a read slot each
     while they waited, and eight of them took every slot the store's other readers
     (trainers' look-ups, fetches) had: those waited `TRACESTORE_DB_WAIT`, then 503."""
-    async with state.lanes.analytics.slot(), state.lanes.reads.slot():
-        yield
+    lanes = state.lanes
+    started = time.monotonic()
+    async with lanes.analytics.slot():
+        left = max(lanes.reads.wait - (time.monotonic() - started), 0.0)
+        async with lanes.reads.slot(left):
+            yield
 
 
 def presented_key(request: Request) -> str | None:

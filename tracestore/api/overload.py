@@ -65,7 +65,8 @@ class DatabaseBusy(Exception):
     """No database connection came free within the wait: 503 database_busy."""
 
     def __init__(self, lane: str, waited: float) -> None:
-        super().__init__(f"no {lane} connection came free within {waited:g} s")
+        what = "analytics process" if lane == ANALYTICS_LANE else f"{lane} connection"
+        super().__init__(f"no {what} came free within {waited:g} s")
         self.lane = lane
         self.waited = waited
 

@@ -50,8 +50,10 @@ LINGER_TOTAL_S = 30.0
 WORKER_HEALTHCHECK_S = 60
 # The supervisor's pid, for its workers (set by run_server; internal, not a setting).
 SUPERVISOR_ENV = "TRACESTORE_SERVE_SUPERVISOR_PID"
-# How often a worker looks for its supervisor.
+# How often a worker looks for its supervisor, and how long an orphaned worker's graceful
+# shutdown may take (requests in flight) before it ends at once: nobody else would end it.
 SUPERVISOR_CHECK_S = 1.0
+ORPHAN_GRACE_S = 30.0
 
 
 @functools.cache
@@ -355,9 +357,10 @@ def follow_supervisor() -> None:
     """In a worker of `tracestore serve --workers N`: stop gracefully (SIGTERM to itself)
     once the supervisor is gone.
 
-    uvicorn's workers outlive a supervisor killed outright (SIGKILL, the OOM killer): they
-    went on answering on the port, with their analytics children, and a server started
-    again beside them shared the port (SO_REUSEPORT) with the old code."""
+    uvicorn's workers outlived a supervisor killed outright (SIGKILL, the OOM killer): they
+    went on answering on the port, with their analytics children and their memory, and a
+    server started again could not bind the port while they lived. A shutdown that does
+    not end within ORPHAN_GRACE_S (a request that never ends) is cut short."""
     expected = os.environ.get(SUPERVISOR_ENV, "")
     if not expected.isdigit():
         return  # one worker: uvicorn runs it in the supervisor's own process
@@ -369,6 +372,8 @@ def follow_supervisor() -> None:
         while os.getppid() == supervisor:
             time.sleep(SUPERVISOR_CHECK_S)
         os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+        time.sleep(ORPHAN_GRACE_S)
+        os._exit(1)  # still here: its analytics children follow within a second
 
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 

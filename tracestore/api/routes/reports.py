@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import anyio.to_thread
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from tracestore.api.deps import StateDep
+from tracestore.api.deps import StateDep, analytics_slots
 from tracestore.api.errors import JSONBody
 from tracestore.api.params import ENV_HELP, SinceQuery, UntilQuery
 from tracestore.api.schemas import error_responses
@@ -102,7 +103,7 @@ def list_reports_route() -> JSONBody:
         **error_responses(401, 404, 422),
     },
 )
-def run_report_route(
+async def run_report_route(
     state: StateDep,
     name: Annotated[str, Path(description="Report name (see GET /v1/reports).")],
     since: SinceQuery = None,
@@ -116,14 +117,21 @@ def run_report_route(
         Literal["json", "csv", "parquet"], Query(alias="format", description="Response format.")
     ] = "json",
 ) -> Response:
-    """Run one report; a sync route, so FastAPI runs the DuckDB work in its threadpool."""
-    from tracestore.reports import output
+    """Run one report in one of this worker's analytics children, holding it and a read
+    slot only for that (api/deps.py `analytics_slots`); the answer is rendered after."""
     from tracestore.reports.catalog import get_report
     from tracestore.reports.filters import Filters
 
-    report = get_report(name)
+    report = get_report(name)  # an unknown name or a bad parameter waits for nothing
     filters = Filters.parse(since, until, _one_env(env_id, env))
-    result = _run(state.engine, report, filters)
+    async with analytics_slots(state):
+        result = await anyio.to_thread.run_sync(_run, state.engine, report, filters)
+    return await anyio.to_thread.run_sync(_answer, result, report, fmt)
+
+
+def _answer(result: Result, report: Report, fmt: str) -> Response:
+    from tracestore.reports import output
+
     if fmt == "csv":
         return Response(output.to_csv(result), media_type="text/csv; charset=utf-8")
     if fmt == "parquet":
