@@ -154,3 +154,17 @@ def tcp_sockets(port: int, state: str) -> set[str]:
             if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
                 inodes.add(fields[9])
     return inodes
+
+
+def proc_stat(pid: int) -> tuple[str, float]:
+    """Process `pid`'s command name and user + system CPU seconds (from /proc; OSError
+    once it is gone)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return text[text.index("(") + 1 : text.rindex(")")], seconds
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (OSError once it is gone)."""
+    return proc_stat(pid)[1]

@@ -43,7 +43,15 @@ from typing import Any
 
 import httpx
 
-from bench.common import TRACESTORE, free_port, fresh_database, pg_available, tcp_sockets
+from bench.common import (
+    TRACESTORE,
+    cpu_seconds,
+    free_port,
+    fresh_database,
+    pg_available,
+    proc_stat,
+    tcp_sockets,
+)
 from bench.corpus import corpus
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -75,12 +83,6 @@ SIZES: dict[str, dict[str, Any]] = {
 # --- the server and its CPU ----------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _descendants(root: int) -> list[int]:
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -106,13 +108,11 @@ def postgres_cpu() -> float:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    text = f.read()
-            except OSError:
+                name, seconds = proc_stat(int(entry))
+            except OSError:  # gone meanwhile
                 continue
-            if text[text.index("(") + 1 : text.rindex(")")] == "postgres":
-                fields = text.rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            if name == "postgres":
+                total += seconds
     return total
 
 
@@ -121,7 +121,7 @@ def tree_cpu(root: int) -> float:
     total = 0.0
     for pid in _descendants(root):
         try:
-            total += _cpu_seconds(pid)
+            total += cpu_seconds(pid)
         except OSError:
             continue
     return total

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.common import fresh_database
+from bench.common import cpu_seconds, fresh_database
 
 TYPES = ["int8", "text", "jsonb", "timestamptz", "float8", "int8", "text", "text", "int4", "jsonb"]
 TABLES = [[(f"c{i}", TYPES[(i + t) % len(TYPES)]) for i in range(6 + t % 6)] for t in range(10)]
-TICK = os.sysconf("SC_CLK_TCK")
 Write = Callable[[psycopg.RawCursor[Any], int, list[list[str]]], None]
 
 
@@ -71,15 +68,10 @@ def unnest(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
     cur.execute(sql, [list(col) for col in zip(*rows, strict=True)], prepare=True)
 
 
-def _backend_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def _run(conn: psycopg.Connection[Any], write: Write, groups: int, size: int) -> list[float]:
     pid = conn.info.backend_pid
     cur = psycopg.RawCursor(conn)
-    backend, wall, cpu = _backend_cpu(pid), time.perf_counter(), time.process_time()
+    backend, wall, cpu = cpu_seconds(pid), time.perf_counter(), time.process_time()
     for g in range(groups):
         with conn.pipeline():
             for t in range(len(TABLES)):
@@ -87,7 +79,7 @@ def _run(conn: psycopg.Connection[Any], write: Write, groups: int, size: int) ->
         conn.commit()
     n = groups * size
     return [
-        (_backend_cpu(pid) - backend) * 1000 / n,
+        (cpu_seconds(pid) - backend) * 1000 / n,
         (time.process_time() - cpu) * 1000 / n,
         (time.perf_counter() - wall) * 1000 / n,
     ]

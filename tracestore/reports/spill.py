@@ -38,6 +38,8 @@ _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 _lock = threading.Lock()
 # root -> the descriptor of its `.owner`, held (shared) while this process uses the root.
 _held: dict[str, int] = {}
+# The root this process's own DuckDBs spill under (spill_directory), made once.
+_own_lock = threading.Lock()
 _own_root: str | None = None
 _count = itertools.count()
 
@@ -210,7 +212,7 @@ def use_spill_root(root: str) -> None:
         else:
             with _lock:
                 _held[root] = fd
-    with _lock:
+    with _own_lock:
         _own_root = root
 
 
@@ -224,16 +226,8 @@ def spill_directory() -> str:
     process's root (made at the first call, removed at exit). DuckDB makes the directory
     when it first spills and removes it when closed."""
     global _own_root
-    with _lock:
-        root = _own_root
-    if root is None:
-        made = new_spill_root()
-        with _lock:
-            if _own_root is None:
-                _own_root = made
-                atexit.register(_remove_own, made, os.getpid())
-                made = ""
-            root = _own_root
-        if made:  # another thread made one first
-            remove_spill_root(made)
-    return os.path.join(root, f"db-{next(_count)}")
+    with _own_lock:
+        if _own_root is None:
+            _own_root = new_spill_root()
+            atexit.register(_remove_own, _own_root, os.getpid())
+        return os.path.join(_own_root, f"db-{next(_count)}")
