@@ -533,12 +533,14 @@ def test_conversions_at_once_that_fit_one_at_a_time_are_all_answered(tmp_path: P
     # Each conversion fits the budget alone, two do not. Holding its parse while waiting
     # for the rest, each kept the other out until its wait ran out (a helper's review:
     # four at once, two 503 after the wait); in two passes of one hold each, they take
-    # turns.
+    # turns. The wait must outlast three conversions ahead (~0.9 s each alone, several
+    # times that on two cores busy with the rest of the suite: a 3 s wait ran out once);
+    # with the old hold, two of them still waited the whole wait and were refused.
     url = _migrated(tmp_path)
     body = _one_line_steps(20_000)
     cost = _cost(body, "trace")
     headers = {"Content-Type": "application/json"}
-    app = create_app(Settings(database_url=url, max_parsed_bytes=cost + 8 * MIB, db_wait=3))
+    app = create_app(Settings(database_url=url, max_parsed_bytes=cost + 8 * MIB, db_wait=60))
     with TestClient(app) as client, ThreadPoolExecutor(max_workers=4) as pool:
         answers = list(
             pool.map(
