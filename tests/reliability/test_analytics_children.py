@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 
 from tests.conftest import Database
 from tests.reliability.harness import ServerProcess, child_pids
+from tracestore.api.server import ORPHAN_GRACE_S
 
 
 def _is_worker(pid: int) -> bool:
@@ -110,3 +113,55 @@ def test_a_killed_supervisor_s_workers_stop_with_their_children(server: ServerPr
     with pytest.raises(httpx.TransportError):  # nobody listens on the port any more
         httpx.get(server.url + "/health", timeout=2)
     assert _spill_roots(server) == []  # removed by the workers' own shutdown
+
+
+def _trickle(url: str, stop: threading.Event) -> socket.socket:
+    """A POST whose body never ends: one byte a second of a declared megabyte, sent from a
+    thread until `stop` is set or the server closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    head = (
+        "POST /v1/rollouts HTTP/1.1\r\nHost: tracestore\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000\r\n\r\n{"
+    )
+    sock.sendall(head.encode())
+
+    def send() -> None:
+        while not stop.wait(1.0):
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                return
+
+    threading.Thread(target=send, name="trickle", daemon=True).start()
+    return sock
+
+
+@pytest.mark.slow
+def test_an_orphaned_worker_s_request_that_never_ends_is_cut_short(tmp_path: Path) -> None:
+    # A worker whose supervisor was killed stops as on SIGTERM: uvicorn waits for the
+    # requests in flight. One that never ends (a body trickling in, allowed here by a
+    # zero minimum rate) kept the orphan, its port and its memory for good; the worker
+    # now gives its shutdown ORPHAN_GRACE_S and then exits. Not database-specific: SQLite.
+    env = {"TRACESTORE_BODY_MIN_RATE": "0"}
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    stop = threading.Event()
+    with ServerProcess(url, tmp_path / "server.log", workers=2, env=env) as server:
+        workers = [pid for pid in child_pids(server.pid) if _is_worker(pid)]
+        assert len(workers) == 2
+        sock = _trickle(server.url, stop)
+        try:
+            time.sleep(1.0)  # the request is in a worker, reading its body
+            os.kill(server.pid, signal.SIGKILL)  # the supervisor alone
+            assert server.proc is not None
+            server.proc.wait(timeout=10)
+            killed = time.monotonic()
+            # The idle worker stops at once; the one reading the trickle waits for it.
+            time.sleep(5.0)
+            assert len([pid for pid in workers if _alive(pid)]) == 1
+            left = _gone_within(workers, ORPHAN_GRACE_S + 15 - (time.monotonic() - killed))
+            assert left == [], f"still running {time.monotonic() - killed:.0f} s after"
+            assert time.monotonic() - killed >= ORPHAN_GRACE_S - 1  # cut short, not served
+        finally:
+            stop.set()
+            sock.close()
