@@ -39,6 +39,7 @@ FLOORS: dict[str, int] = {
     "timewindow": 0,
     "vocabulary": 0,
     "errors": 0,
+    "orphans": 0,
     "settings": 0,
     "client": 0,
     "__init__": 0,  # tracestore/__init__.py: the version

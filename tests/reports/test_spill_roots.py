@@ -290,3 +290,34 @@ def test_a_forked_child_leaves_its_parent_s_root_alone(tmp: Path) -> None:
     assert present == "True"
     assert parent.wait(10) == 0
     assert not Path(root).exists()  # removed by its maker, at its own exit
+
+
+def test_a_child_forked_while_another_thread_holds_the_module_s_lock_can_spill(
+    tmp: Path,
+) -> None:
+    # A fork copies a lock held by another thread as held, and that thread does not go on
+    # in the child: the child's first spill directory waited for it for good.
+    code = (
+        "import os, signal, threading\n"
+        "from tracestore.reports import spill\n"
+        "taken, done = threading.Event(), threading.Event()\n"
+        "def hold():\n"
+        "    with spill._lock, spill._own_lock:\n"
+        "        taken.set()\n"
+        "        done.wait()\n"
+        "threading.Thread(target=hold).start()\n"
+        "taken.wait()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.alarm(10)  # a hang ends the child by SIGALRM\n"
+        "    spill.new_spill_root()\n"
+        "    spill.spill_directory()\n"
+        "    os._exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "done.set()\n"
+        "print(os.waitstatus_to_exitcode(status), flush=True)\n"
+    )
+    process = _python(code, tmp)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "0"  # -14 (SIGALRM) before
+    assert process.wait(30) == 0

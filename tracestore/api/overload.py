@@ -112,7 +112,6 @@ class Lane:
         self.session_engine = reading(engine) if reads else engine
         self.slots = slots
         self.wait = wait
-        self.busy = 0  # requests refused with database_busy
         self._free = anyio.Semaphore(slots)
         # The lane's own threads, one per slot: its work and its connections' return
         # never queue behind other requests for a thread.
@@ -144,7 +143,6 @@ class Lane:
                 await self._free.acquire()
                 acquired = True
             if not acquired:
-                self.busy += 1
                 raise DatabaseBusy(self.name, wait) from None
         try:
             yield
@@ -231,7 +229,6 @@ class ParseBudget:
         self.limit = limit
         self.wait = wait
         self.held = 0
-        self.busy = 0  # requests refused with 503
         self._room = anyio.Event()
         self._waiting = 0  # requests waiting for room
 
@@ -274,7 +271,6 @@ class ParseBudget:
             finally:
                 self._waiting -= 1
             if self.held and self.held + charge > self.limit:
-                self.busy += 1
                 raise ParsingBusy(wait)
         self.held += charge
         try:
@@ -309,11 +305,6 @@ class Lanes:
         self.analytics = Lane(ANALYTICS_LANE, self.engine, ANALYTICS_CHILDREN, wait)
         # Not a connection lane: the memory ingests take while they parse and store.
         self.parsing = ParseBudget(settings.max_parsed_bytes, wait)
-
-    def busy(self) -> int:
-        """Requests refused with database_busy so far, over every lane."""
-        lanes = (self.reads, self.writes, self.health, self.metrics, self.analytics)
-        return sum(lane.busy for lane in lanes)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

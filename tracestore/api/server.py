@@ -27,7 +27,6 @@ import functools
 import os
 import signal
 import socket
-import threading
 import time
 from typing import Any, cast
 
@@ -39,6 +38,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 from uvicorn.supervisors import Multiprocess
 
+from tracestore.orphans import when_orphaned
 from tracestore.settings import Settings
 
 # How long a closing connection keeps reading (and dropping) the rest of a refused body:
@@ -50,9 +50,8 @@ LINGER_TOTAL_S = 30.0
 WORKER_HEALTHCHECK_S = 60
 # The supervisor's pid, for its workers (set by run_server; internal, not a setting).
 SUPERVISOR_ENV = "TRACESTORE_SERVE_SUPERVISOR_PID"
-# How often a worker looks for its supervisor, and how long an orphaned worker's graceful
-# shutdown may take (requests in flight) before it ends at once: nobody else would end it.
-SUPERVISOR_CHECK_S = 1.0
+# How long an orphaned worker's graceful shutdown may take (requests in flight) before it
+# ends at once: nobody else would end it.
 ORPHAN_GRACE_S = 30.0
 
 
@@ -364,18 +363,15 @@ def follow_supervisor() -> None:
     expected = os.environ.get(SUPERVISOR_ENV, "")
     if not expected.isdigit():
         return  # one worker: uvicorn runs it in the supervisor's own process
-    supervisor = int(expected)
 
-    def watch() -> None:
-        # A worker is the supervisor's child: reparented (to init or a subreaper) when it
-        # is gone, whether before this thread started or after.
-        while os.getppid() == supervisor:
-            time.sleep(SUPERVISOR_CHECK_S)
+    def stop() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
         time.sleep(ORPHAN_GRACE_S)
         os._exit(1)  # still here: its analytics children follow within a second
 
-    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+    # A worker is the supervisor's child: reparented (to init or a subreaper) when it is
+    # gone, whether before the watch started or after.
+    when_orphaned(int(expected), stop, name="supervisor-watch")
 
 
 def uvicorn_options() -> dict[str, Any]:

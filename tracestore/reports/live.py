@@ -24,12 +24,12 @@ most reports; each call reads fresh data.
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import pickle
 import signal
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeVar
 from sqlalchemy.engine import URL
 
 from tracestore.db.engine import normalize_url
+from tracestore.orphans import when_orphaned
 from tracestore.reports.spill import (
     new_spill_root,
     remove_if_last,
@@ -61,8 +62,6 @@ T = TypeVar("T")
 EXTENSION_DIR_ENV = "TRACESTORE_DUCKDB_EXTENSION_DIR"
 # Child processes for live analytics; two let a long report not hold up a short one.
 WORKERS = 2
-# Seconds between a child's looks at whether its parent is still there.
-PARENT_CHECK = 1.0
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -225,18 +224,13 @@ def _child_init(spill_root: str, parent: int) -> None:
     allow_sqlite_attach()
     use_spill_root(spill_root)
     # A parent that dies without stopping its children (SIGKILL, the OOM killer) would
-    # leave them running, each holding its DuckDB's memory, for good. `parent` is the
-    # parent's own pid, given before this child started: it may be gone already.
-    threading.Thread(
-        target=_exit_with_parent, args=(parent, spill_root), name="parent-watch", daemon=True
-    ).start()
+    # leave them running, each holding its DuckDB's memory, for good.
+    when_orphaned(parent, functools.partial(_leave_orphaned, spill_root), name="parent-watch")
 
 
-def _exit_with_parent(parent: int, spill_root: str) -> None:
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK)
-    # Reparented: the parent is gone, and nobody else removes what the pool spilled; the
-    # last of the children to notice does (a sibling may still be spilling into it).
+def _leave_orphaned(spill_root: str) -> None:
+    # The parent is gone, and nobody else removes what the pool spilled; the last of the
+    # children to notice does (a sibling may still be spilling into it).
     remove_if_last(spill_root)
     os._exit(1)
 

@@ -46,8 +46,12 @@ _count = itertools.count()
 
 def _forget_after_fork() -> None:
     # A forked child shares the parent's lock descriptions: closing its copies leaves the
-    # parent's locks in place, and the root stays the parent's to remove.
-    global _own_root
+    # parent's locks in place, and the root stays the parent's to remove. The module's
+    # locks are made anew: one held by another thread at the fork stays held in the
+    # child for good (only the forking thread goes on there).
+    global _own_root, _lock, _own_lock
+    _lock = threading.Lock()
+    _own_lock = threading.Lock()
     for fd in _held.values():
         with contextlib.suppress(OSError):
             os.close(fd)
