@@ -187,3 +187,23 @@ def test_two_duckdbs_in_one_process_spill_apart() -> None:
         assert first.execute("SELECT sum(x) FROM kept").fetchone() == (199999990000000,)
     finally:
         first.close()
+
+
+def test_checking_a_limit_leaves_duckdb_out_of_the_checking_process() -> None:
+    # `tracestore serve`'s supervisor checks the limit and then runs no report: importing
+    # duckdb to check kept ~40 MiB in it for its life.
+    code = (
+        "import sys\n"
+        "from tracestore.reports.memory import check_memory_limit\n"
+        "check_memory_limit()\n"
+        "print('duckdb' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, MEMORY_LIMIT_ENV: "300MiB"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -1,14 +1,16 @@
 """How much memory each DuckDB may take: TRACESTORE_ANALYTICS_MEMORY_LIMIT, else a share of
-the memory available. Light to import (duckdb loads only to check a configured value), so
-that `tracestore serve` checks the value before any worker starts.
+the memory available. Light to import and to check (DuckDB reads a configured value in a
+child process), so that `tracestore serve` checks the value before any worker starts.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from tracestore.errors import InvalidRequest, first_line
+from tracestore.errors import InvalidRequest
 
 # DuckDB's memory for one connection's work (its buffer manager's limit: not all a process
 # holds, but what grows with the data): what does not fit spills to disk, what cannot
@@ -60,15 +62,32 @@ def unreadable_limit(limit: str, reason: str) -> str:
     )
 
 
+# Run in a child: duckdb, once imported, stays in a process for its life (~40 MiB), and
+# `tracestore serve`'s supervisor runs no report.
+_CHECK = """
+import sys
+import duckdb
+from tracestore.errors import first_line
+try:
+    duckdb.connect(":memory:", config={"memory_limit": sys.argv[1]}).close()
+except duckdb.Error as exc:
+    print(first_line(exc))
+    sys.exit(1)
+"""
+
+
 def check_memory_limit() -> None:
     """Refuse a configured limit DuckDB cannot read (InvalidRequest), now rather than at
-    the first report; nothing to check (and no duckdb import) when none is configured."""
+    the first report; nothing to check when none is configured. DuckDB reads it in a
+    child process, so that the caller does not keep duckdb imported."""
     limit = configured_limit()
     if not limit:
         return
-    import duckdb
-
-    try:
-        duckdb.connect(":memory:", config={"memory_limit": limit}).close()
-    except duckdb.Error as exc:
-        raise InvalidRequest(unreadable_limit(limit, first_line(exc))) from None
+    checked = subprocess.run(
+        [sys.executable, "-c", _CHECK, limit], capture_output=True, text=True, check=False
+    )
+    if checked.returncode != 0:
+        # The child's own failure (duckdb missing, killed) says so on stderr's last line.
+        errors = checked.stderr.strip().splitlines()
+        reason = checked.stdout.strip() or (errors[-1] if errors else f"exit {checked.returncode}")
+        raise InvalidRequest(unreadable_limit(limit, reason))
