@@ -156,9 +156,10 @@ def test_an_orphaned_worker_s_request_that_never_ends_is_cut_short(tmp_path: Pat
             assert server.proc is not None
             server.proc.wait(timeout=10)
             killed = time.monotonic()
-            # The idle worker stops at once; the one reading the trickle waits for it.
-            time.sleep(5.0)
-            assert len([pid for pid in workers if _alive(pid)]) == 1
+            # The idle worker stops within seconds; the one reading the trickle waits for it.
+            while len([pid for pid in workers if _alive(pid)]) > 1:
+                assert time.monotonic() - killed < 20, "the idle worker did not stop"
+                time.sleep(0.1)
             left = _gone_within(workers, ORPHAN_GRACE_S + 15 - (time.monotonic() - killed))
             assert left == [], f"still running {time.monotonic() - killed:.0f} s after"
             assert time.monotonic() - killed >= ORPHAN_GRACE_S - 1  # cut short, not served
