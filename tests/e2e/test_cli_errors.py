@@ -96,6 +96,15 @@ def test_bad_database_urls(place: Path, verb: list[str], url: str, expect: str) 
     one_line_error([*verb, "--db", url], expect)
 
 
+@pytest.mark.parametrize(("url", "expect"), BAD_URLS)
+def test_demo_reads_a_bad_database_url_as_every_verb_does(
+    place: Path, url: str, expect: str
+) -> None:
+    # It said "bad database URL: Could not parse SQLAlchemy URL from given URL string",
+    # naming neither the URL nor the forms it takes.
+    one_line_error(["demo", "--db", url], expect)
+
+
 @pytest.mark.parametrize("verb", STORE_VERBS, ids=lambda v: "-".join(v))
 def test_bad_sqlite_paths(place: Path, verb: list[str]) -> None:
     if verb != ["db", "upgrade"]:  # upgrade creates a new store; the others need one

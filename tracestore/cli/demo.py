@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from tracestore.cli.common import DbOption, console, fail, reported_errors, settings_for
+from tracestore.cli.common import DbOption, console, fail, reported_errors, store_url
 from tracestore.cli.ingest import ApiKeyOption, Tally, UrlOption, send
 from tracestore.ingest.files import FileItem, iter_file
 
@@ -140,10 +140,11 @@ def demo(
     path = examples_dir() / EXAMPLES_FILE
     if not path.is_file():
         fail(f"the example rollouts are missing: {path} does not exist")
-    where = url or _shown(settings_for(db).database_url)
-    say(f"tracestore demo: the example rollouts ({path}) into {where}")
     picks = _Picks()
     with reported_errors():
+        # The store's URL checked as every verb checks it (before naming it below).
+        where = url or _shown(store_url(db, must_exist=False))
+        say(f"tracestore demo: the example rollouts ({path}) into {where}")
         send(iter_file(path), picks.record, db=db, url=url, api_key=api_key)
     picks.tally.print()
     counts = picks.tally.counts
