@@ -1,10 +1,14 @@
-"""Two ways to send a group's small tables to PostgreSQL, side by side: multi-row INSERTs
-(db/bulk.py's pipeline: one text per row count, not prepared) and one prepared INSERT ...
-SELECT FROM unnest() per table (the same text whatever the row count: planned once), in
-one pipeline and one transaction per group. Synthetic tables (10, of 6 to 11 columns:
-bigint, text, jsonb, timestamptz, float8, int4; an index each) and rows (20 a rollout),
-in a schema of its own on a fresh database; prints the PostgreSQL backend's CPU (from
-/proc), this process's CPU and the wall time, per rollout (PERFORMANCE.md, tenth round).
+"""Ways to send a group's small tables to PostgreSQL, side by side, in one pipeline and one
+transaction per group: multi-row INSERTs of the exact row count, not prepared (db/bulk.py
+before the eleventh round: one text per row count); the same in power-of-two chunks, each
+prepared (a few texts a table, more statements); one INSERT ... SELECT FROM (VALUES ...)
+padded to the next power of two with NULL rows its WHERE drops, prepared (db/bulk.py's
+`padded_insert` now: one statement a table, a few texts); and one prepared INSERT ...
+SELECT FROM unnest() per table (one text whatever the count). Synthetic tables (10, of 6
+to 11 columns: bigint, text, jsonb, timestamptz, float8, int4; an index each) and rows (20
+a rollout), in a schema of its own on a fresh database; prints the PostgreSQL backend's
+CPU (from /proc), this process's CPU and the wall time, per rollout (PERFORMANCE.md, tenth
+and eleventh rounds).
 
     .venv/bin/python -m bench.pg_insert_forms [--groups 15 50] [--rollouts 4500] [--rounds 2]
 """
@@ -45,15 +49,45 @@ def _names(t: int) -> str:
     return ", ".join(c for c, _ in TABLES[t])
 
 
-def multirow(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
-    """db/bulk.py's form: VALUES ($1, ...), (...), one text per row count, not prepared."""
+def _multirow_sql(t: int, n: int) -> str:
     width = len(TABLES[t])
     marks = ", ".join(
-        "(" + ", ".join(f"${r * width + c + 1}" for c in range(width)) + ")"
-        for r in range(len(rows))
+        "(" + ", ".join(f"${r * width + c + 1}" for c in range(width)) + ")" for r in range(n)
     )
-    sql = f"INSERT INTO forms.t{t} ({_names(t)}) VALUES {marks}"
-    cur.execute(sql, [v for row in rows for v in row], prepare=False)
+    return f"INSERT INTO forms.t{t} ({_names(t)}) VALUES {marks}"
+
+
+def multirow(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
+    """VALUES ($1, ...), (...) of the exact count, not prepared (db/bulk.py's plain form)."""
+    cur.execute(_multirow_sql(t, len(rows)), [v for row in rows for v in row], prepare=False)
+
+
+def chunked(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
+    """Multi-row INSERTs of power-of-two row counts (a few texts per table), prepared."""
+    start = 0
+    while start < len(rows):
+        n = 1 << ((len(rows) - start).bit_length() - 1)
+        chunk = rows[start : start + n]
+        cur.execute(_multirow_sql(t, n), [v for row in chunk for v in row], prepare=True)
+        start += n
+
+
+def padded(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
+    """One INSERT ... SELECT FROM (VALUES ...) of the next power-of-two row count, padded
+    with rows of NULLs that its WHERE drops, each text prepared: one statement a table."""
+    cols = TABLES[t]
+    width = len(cols)
+    n = 1 << (len(rows) - 1).bit_length()
+    marks = ", ".join(
+        "(" + ", ".join(f"${r * width + c + 1}::{cols[c][1]}" for c in range(width)) + ")"
+        for r in range(n)
+    )
+    sql = (
+        f"INSERT INTO forms.t{t} ({_names(t)}) SELECT * FROM (VALUES {marks}) "
+        f"AS v({_names(t)}) WHERE v.c0 IS NOT NULL"
+    )
+    values = [v for row in rows for v in row] + [None] * (width * (n - len(rows)))
+    cur.execute(sql, values, prepare=True)
 
 
 def unnest(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
@@ -66,6 +100,14 @@ def unnest(cur: psycopg.RawCursor[Any], t: int, rows: list[list[str]]) -> None:
         + f" FROM unnest({arrays}) AS u({_names(t)})"
     )
     cur.execute(sql, [list(col) for col in zip(*rows, strict=True)], prepare=True)
+
+
+FORMS: dict[str, Write] = {
+    "multi-row": multirow,
+    "chunked": chunked,
+    "padded": padded,
+    "unnest": unnest,
+}
 
 
 def _run(conn: psycopg.Connection[Any], write: Write, groups: int, size: int) -> list[float]:
@@ -103,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             conn.commit()
             for size in args.groups:
                 for round_ in range(args.rounds):
-                    for name, write in (("multi-row", multirow), ("unnest", unnest)):
+                    for name, write in FORMS.items():
                         backend, cpu, wall = _run(conn, write, args.rollouts // size, size)
                         print(
                             f"groups of {size:>2}, round {round_ + 1}, {name:>9}: PostgreSQL "

@@ -314,3 +314,43 @@ def test_a_naive_datetime_is_refused(connection: Connection, path: str) -> None:
     with pytest.raises(Exception, match="naive datetime"), connection.begin_nested():
         write()
     assert connection.execute(select(RUNS.c.id)).all() == []
+
+
+def _prepared_inserts(conn: Connection, table: Table) -> list[int]:
+    """The row counts of the INSERTs into `table` this PostgreSQL session has prepared."""
+    prepared = conn.execute(
+        text("SELECT statement FROM pg_prepared_statements WHERE statement LIKE :insert"),
+        {"insert": f'INSERT INTO "{table.name}"%'},
+    ).scalars()
+    return sorted(statement.count("), (") + 1 for statement in prepared)
+
+
+def test_the_pipeline_writes_any_row_count_and_prepares_a_few_texts(
+    connection: Connection,
+) -> None:
+    # On PostgreSQL a table's rows go in one INSERT padded to the next power-of-two row
+    # count (NULL rows its WHERE drops), its text prepared: with one text per row count
+    # (a group's count varies) the server planned every INSERT afresh. Whatever the
+    # count, every row is written once, as insert() writes it; the texts the connection
+    # prepares are one per power of two met, up to PADDED_MAX_ROWS (past it, the plain
+    # INSERT, not prepared). SQLite writes with executemany: the same rows, no texts.
+    counts = [1, 5, 13, 64, 100]
+    row = _rows(RUNS)[0]
+    stored: dict[str, list[tuple[Any, ...]]] = {}
+    for name, write in (
+        ("types", lambda batch: connection.execute(insert(RUNS), batch)),
+        # Every count in the pipeline (by default, 100 rows of this table go by COPY).
+        ("bulk", lambda batch: bulk_insert_all(connection, [(RUNS, batch)], PATHS["pipeline"])),
+    ):
+        with connection.begin_nested() as savepoint:
+            key = 0
+            for n in counts:
+                write([{**row, "id": key + i + 1, "run_id": f"r{key + i}"} for i in range(n)])
+                key += n
+            stored[name] = _stored(connection, RUNS)
+            if name == "bulk" and connection.dialect.name == "postgresql":
+                # Before the rollback: psycopg deallocates every statement on one.
+                assert _prepared_inserts(connection, RUNS) == [1, 8, 16, 64]
+            savepoint.rollback()
+    assert len(stored["bulk"]) == sum(counts)
+    assert stored["bulk"] == stored["types"]

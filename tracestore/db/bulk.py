@@ -17,6 +17,8 @@ group of small rollouts that was most of the write (bench/README.md item 18). So
 (one round trip for all of them), and keeps COPY for a table of many rows, where its
 cheaper per-row encoding wins. The INSERTs' values go as untyped text, which the server
 reads as the column's type, exactly as it reads COPY's text: both paths store the same.
+Each INSERT is padded to the next power-of-two row count and prepared (`padded_insert`):
+its text changed with every row count, and the server parsed and planned it each time.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import psycopg
 from psycopg.adapt import Dumper
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Dialect, Table
 from sqlalchemy.exc import DBAPIError
 
 from tracestore.db.types import JSONValue, SafeText, UTCDateTime, json_dumps, json_dumps_pg, pg_safe
@@ -38,6 +40,12 @@ Adapter = Callable[[Any], Any]
 # A table of at most this many values (rows x columns) goes in the pipeline of INSERTs on
 # PostgreSQL; a larger one by COPY (bench/README.md item 18 measured the crossing).
 PIPELINE_MAX_VALUES = 2000
+# The largest row count padded_insert pads to and prepares.
+PADDED_MAX_ROWS = 64
+# The prepared statements a PostgreSQL connection keeps (psycopg's default is 100): the
+# pipeline's INSERTs (a few row counts for each of ~10 tables, _pipelined) besides the
+# statements psycopg prepares on its own, the look-ups' among them.
+PREPARED_MAX = 256
 
 
 class _Untyped(Dumper):
@@ -118,6 +126,11 @@ class BulkTable:
         self._one = len(self.columns) == 1
         self._adapted = [(i, fn) for i, fn in enumerate(self.adapters) if fn is not None]
         self._inserts: dict[int, str] = {}  # insert_sql's, by row count
+        self._padded: dict[int, str] = {}  # padded_insert's, by power-of-two row count
+        # The primary key's position (never NULL: keys are allocated before the write).
+        primary = [c.name for c in table.primary_key.columns]
+        self._key = next((i for i, c in enumerate(self.columns) if c in primary), 0)
+        self._pg_types: list[str] = []  # each column's type, as padded_insert casts to it
         names = ", ".join(f'"{c}"' for c in self.columns)
         if dialect == "postgresql":
             self.sql = f'COPY "{table.name}" ({names}) FROM STDIN'
@@ -162,6 +175,37 @@ class BulkTable:
         if len(self._inserts) < 256:  # the first row counts met: groups and batch chunks
             self._inserts[n] = sql
         return sql
+
+    def padded_insert(
+        self, rows: Sequence[dict[str, Any]], dialect: Dialect
+    ) -> tuple[str, list[Any], bool]:
+        """A PostgreSQL INSERT of `rows` and its values: ... SELECT FROM (VALUES ...) of the
+        next power-of-two row count, the rows past `rows` NULLs its WHERE drops."""
+        width = len(self.columns)
+        n = 1 << (len(rows) - 1).bit_length()
+        values = [value for row in self.tuples(rows) for value in row]
+        # Past PADDED_MAX_ROWS rows (a batch's table) planning is a small part of the
+        # insert: the plain INSERT, not prepared, keeps large texts out of the cache. A
+        # row without its key is refused by the plain INSERT (padding rows have none).
+        if n > PADDED_MAX_ROWS or None in values[self._key :: width]:
+            return self.insert_sql(len(rows)), values, False
+        values.extend([None] * (width * (n - len(rows))))
+        found = self._padded.get(n)
+        if found is None:
+            if not self._pg_types:
+                self._pg_types = [self.table.c[c].type.compile(dialect) for c in self.columns]
+            marks = ", ".join(
+                "("
+                + ", ".join(f"${r * width + c + 1}::{t}" for c, t in enumerate(self._pg_types))
+                + ")"
+                for r in range(n)
+            )
+            names = ", ".join(f'"{c}"' for c in self.columns)
+            found = self._padded[n] = (
+                f'INSERT INTO "{self.table.name}" ({names}) SELECT * FROM (VALUES {marks}) '
+                f'AS v({names}) WHERE v."{self.columns[self._key]}" IS NOT NULL'
+            )
+        return found, values, True
 
     def write(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Insert `rows` (dicts holding every column of this writer) on `conn`."""
@@ -342,6 +386,8 @@ def _pipelined(
     if not writes:
         return
     raw: Any = conn.connection.driver_connection
+    if raw.prepared_max < PREPARED_MAX:
+        raw.prepared_max = PREPARED_MAX
     names = ", ".join(bulk.table.name for bulk, _rows in writes)
     with (
         driver_errors(conn, f"pipelined INSERTs into {names}"),
@@ -351,7 +397,5 @@ def _pipelined(
         for kind in (int, float, bool):
             cursor.adapters.register_dumper(kind, _Untyped)
         for bulk, rows in writes:
-            values = [value for row in bulk.tuples(rows) for value in row]
-            # Not prepared: one text per table and row count, which would crowd the
-            # connection's cache of prepared statements (100) out of the look-ups'.
-            cursor.execute(bulk.insert_sql(len(rows)), values, prepare=False)
+            sql, values, prepare = bulk.padded_insert(rows, conn.dialect)
+            cursor.execute(sql, values, prepare=prepare)
