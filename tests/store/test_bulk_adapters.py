@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tests.conftest import Database
-from tracestore.db.bulk import bulk_insert, bulk_insert_all
+from tracestore.db.bulk import PADDED_MAX_ROWS, bulk_insert, bulk_insert_all
 from tracestore.db.engine import create_engine
 from tracestore.db.types import NUL_STANDIN, JSONValue, SafeText, UTCDateTime
 from tracestore.store.drift import CHECKS, FINDINGS
@@ -331,11 +331,14 @@ def test_the_pipeline_writes_any_row_count_and_prepares_a_few_texts(
     # On PostgreSQL a table's rows go in one INSERT padded to the next power-of-two row
     # count (NULL rows its WHERE drops), its text prepared: with one text per row count
     # (a group's count varies) the server planned every INSERT afresh. Whatever the
-    # count, every row is written once, as insert() writes it; the texts the connection
-    # prepares are one per power of two met, up to PADDED_MAX_ROWS (past it, the plain
-    # INSERT, not prepared). SQLite writes with executemany: the same rows, no texts.
-    counts = [1, 5, 13, 64, 100]
-    row = _rows(RUNS)[0]
+    # count, every row is written once, as insert() writes it; the connection prepares one
+    # statement per power of two met up to PADDED_MAX_ROWS (past it, the plain INSERT,
+    # not prepared), whichever of its values are NULL: psycopg keys a prepared statement
+    # by its parameters' types too, and a datetime typed beside a NULL untyped made one
+    # statement per row count again (~75 MB of a backend's memory after a few thousand
+    # groups). SQLite writes with executemany: the same rows, no texts.
+    counts = [1, 5, 7, 13, 30, 64, 100]  # 5 and 7 both padded to 8, with other NULLs
+    edge = _rows(RUNS)  # NULL and not, in the nullable columns, from one row to the next
     stored: dict[str, list[tuple[Any, ...]]] = {}
     for name, write in (
         ("types", lambda batch: connection.execute(insert(RUNS), batch)),
@@ -345,12 +348,17 @@ def test_the_pipeline_writes_any_row_count_and_prepares_a_few_texts(
         with connection.begin_nested() as savepoint:
             key = 0
             for n in counts:
-                write([{**row, "id": key + i + 1, "run_id": f"r{key + i}"} for i in range(n)])
+                batch = [
+                    {**edge[(key + i) % ROWS], "id": key + i + 1, "run_id": f"r{key + i}"}
+                    for i in range(n)
+                ]
+                write(batch)
                 key += n
             stored[name] = _stored(connection, RUNS)
             if name == "bulk" and connection.dialect.name == "postgresql":
                 # Before the rollback: psycopg deallocates every statement on one.
-                assert _prepared_inserts(connection, RUNS) == [1, 8, 16, 64]
+                assert PADDED_MAX_ROWS == 32
+                assert _prepared_inserts(connection, RUNS) == [1, 8, 16, 32]
             savepoint.rollback()
     assert len(stored["bulk"]) == sum(counts)
     assert stored["bulk"] == stored["types"]

@@ -40,8 +40,9 @@ Adapter = Callable[[Any], Any]
 # A table of at most this many values (rows x columns) goes in the pipeline of INSERTs on
 # PostgreSQL; a larger one by COPY (bench/README.md item 18 measured the crossing).
 PIPELINE_MAX_VALUES = 2000
-# The largest row count padded_insert pads to and prepares.
-PADDED_MAX_ROWS = 64
+# The largest row count padded_insert pads to and prepares: its statements hold ~5 MB of
+# a backend's memory (PERFORMANCE.md, eleventh round); up to 64, twice that.
+PADDED_MAX_ROWS = 32
 # The prepared statements a PostgreSQL connection keeps (psycopg's default is 100): the
 # pipeline's INSERTs (a few row counts for each of ~10 tables, _pipelined) besides the
 # statements psycopg prepares on its own, the look-ups' among them.
@@ -58,6 +59,28 @@ class _Untyped(Dumper):
     def dump(self, obj: Any) -> bytes:
         """The value's text."""
         return str(obj).encode()
+
+
+class _UntypedDatetime(Dumper):
+    """An aware datetime as untyped text (ISO 8601 with its offset): the same instant
+    read as the column's type. Typed (timestamptz), a datetime and a NULL (untyped) in the
+    same place made two prepared statements of one text (psycopg keys them by types)."""
+
+    oid = 0
+
+    def dump(self, obj: Any) -> bytes:
+        """The value's ISO text."""
+        return obj.isoformat().encode()  # type: ignore[no-any-return]
+
+
+class _UntypedBytes(Dumper):
+    """Bytes as untyped text in bytea's hex form, for the reason _UntypedDatetime gives."""
+
+    oid = 0
+
+    def dump(self, obj: Any) -> bytes:
+        """`\\x` and the bytes in hex."""
+        return b"\\x" + bytes(obj).hex().encode()
 
 
 @contextmanager
@@ -184,9 +207,10 @@ class BulkTable:
         width = len(self.columns)
         n = 1 << (len(rows) - 1).bit_length()
         values = [value for row in self.tuples(rows) for value in row]
-        # Past PADDED_MAX_ROWS rows (a batch's table) planning is a small part of the
-        # insert: the plain INSERT, not prepared, keeps large texts out of the cache. A
-        # row without its key is refused by the plain INSERT (padding rows have none).
+        # Past PADDED_MAX_ROWS rows (a batch's table) planning is a smaller part of the
+        # insert, and a prepared text of so many values holds megabytes of the backend's
+        # memory: the plain INSERT, not prepared. A row without its key is refused by the
+        # plain INSERT (padding rows have none).
         if n > PADDED_MAX_ROWS or None in values[self._key :: width]:
             return self.insert_sql(len(rows)), values, False
         values.extend([None] * (width * (n - len(rows))))
@@ -396,6 +420,9 @@ def _pipelined(
     ):
         for kind in (int, float, bool):
             cursor.adapters.register_dumper(kind, _Untyped)
+        # Every value untyped: one prepared statement for each text (see _UntypedDatetime).
+        cursor.adapters.register_dumper(datetime, _UntypedDatetime)
+        cursor.adapters.register_dumper(bytes, _UntypedBytes)
         for bulk, rows in writes:
             sql, values, prepare = bulk.padded_insert(rows, conn.dialect)
             cursor.execute(sql, values, prepare=prepare)
