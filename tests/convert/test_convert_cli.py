@@ -84,3 +84,27 @@ def test_help() -> None:
         done = _run(*args)
         assert done.returncode == 0
         assert "Usage" in done.stdout
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path: Path) -> None:
+    # `-o` the input file opened it for writing, emptying it, before a line was read: the
+    # 66 examples were gone and the command said "0 converted", exit 0.
+    source = tmp_path / "r.jsonl"
+    source.write_bytes((EXAMPLES / "rollouts.jsonl").read_bytes())
+    before = source.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(source)
+    for options, named in (
+        (["-o", str(source)], "-o"),
+        (["-o", str(tmp_path / "link.jsonl")], "-o"),  # the same file by another name
+        (["-o", str(tmp_path / "x.jsonl"), "--losses", str(source)], "--losses"),
+    ):
+        done = _run("convert", "to-trace", str(source), *options)
+        assert done.returncode == 2, (options, done.stderr)
+        assert done.stderr.startswith(f"error: {named} "), done.stderr
+        assert "is the input file" in done.stderr
+        assert source.read_bytes() == before
+    both = tmp_path / "both.jsonl"
+    done = _run("convert", "to-trace", str(source), "-o", str(both), "--losses", str(both))
+    assert done.returncode == 2
+    assert "name the same file" in done.stderr
+    assert not both.exists()

@@ -61,6 +61,23 @@ def _open_out(path: Path | None, stack: ExitStack) -> IO[bytes]:
     return out
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist (yet): not the same file
+        return False
+
+
+def _refuse_overwriting(path: Path, out: Path | None, losses: Path | None) -> None:
+    """Fail before anything is opened when an output is the input, or both outputs are
+    one file: opening it for writing emptied it before a line was read."""
+    for option, target in (("-o", out), ("--losses", losses)):
+        if target is not None and _same_file(target, path):
+            fail(f"{option} {target} is the input file: converting would erase it")
+    if out is not None and losses is not None and (out == losses or _same_file(out, losses)):
+        fail(f"-o and --losses name the same file ({out}): give each its own")
+
+
 def _convert_file(
     target: str, path: Path, out: Path | None, losses: Path | None, replace: bool
 ) -> None:
@@ -90,6 +107,7 @@ def _convert_file(
         console=err_console,
         disable=out is None and not err_console.is_terminal,
     )
+    _refuse_overwriting(path, out, losses)
     with reported_errors(), ExitStack() as stack, progress:
         sink = _open_out(out, stack)
         report = _open_out(losses, stack) if losses else None
