@@ -104,6 +104,21 @@ def test_rules_select_by_age_count_and_scope(engine: Engine) -> None:
     }
 
 
+@pytest.mark.parametrize("age", ["999999d", "99999999999d"])
+def test_an_age_past_the_calendar_selects_nothing_and_stops_no_other_rule(
+    engine: Engine, age: str
+) -> None:
+    # Such a rule was accepted, then its cutoff (now - age) overflowed: the whole plan
+    # failed, in `retention show`/`apply` and in every scheduled sweep, so no rule
+    # deleted anything.
+    _store(engine, [f"old-{i}" for i in range(3)], age_days=40)
+    forever = Rule("forever", max_age_s=parse_age(age))
+    month = Rule("month", max_age_s=parse_age("30d"))
+    planned = plan(engine, [forever, month], now=NOW + timedelta(minutes=1))
+    assert planned.by_rule() == {"forever": 0, "month": 3}
+    assert apply(engine, planned).deleted == 3
+
+
 def test_pinned_runs_survive_a_sweep_until_their_dataset_is_dropped(engine: Engine) -> None:
     _store(engine, [f"train-{i}" for i in range(4)], env="train", age_days=90)
     _store(engine, [f"junk-{i}" for i in range(3)], env="junk", age_days=90)

@@ -20,6 +20,7 @@ from tracestore.errors import InvalidRequest, NotFound
 from tracestore.models import RetentionRule, Run
 from tracestore.store.datasets import NAME, pinned_run_ids
 from tracestore.store.runs import RunFilter, filtered
+from tracestore.timewindow import EARLIEST
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +95,21 @@ def drop_rule(session: Session, name: str) -> None:
         raise NotFound(f"no stored retention rule named {name!r}", name=name)
 
 
+def age_cutoff(max_age_s: float, now: datetime) -> datetime:
+    """The receive time before which a run is older than `max_age_s` at `now`; the
+    calendar's start for an age further back than it goes (`--max-age 999999d`: such a
+    rule selects nothing by age, where it broke every sweep with an OverflowError)."""
+    try:
+        return now - timedelta(seconds=max_age_s)
+    except OverflowError:
+        return EARLIEST
+
+
 def _selected(rule: Rule, now: datetime) -> Any:
     """Keys of the runs `rule` selects at `now`, pinned ones included."""
     parts = []
     if rule.max_age_s is not None:
-        cutoff = now - timedelta(seconds=rule.max_age_s)
+        cutoff = age_cutoff(rule.max_age_s, now)
         parts.append(filtered(select(Run.id), rule.scope(until=cutoff)))
     if rule.keep_last is not None:
         newest_first = filtered(select(Run.id), rule.scope()).order_by(Run.id.desc())
