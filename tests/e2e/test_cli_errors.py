@@ -105,6 +105,29 @@ def test_demo_reads_a_bad_database_url_as_every_verb_does(
     one_line_error(["demo", "--db", url], expect)
 
 
+def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:
+    # "internal error: CommandError", and `upgrade` had made an empty store (an Alembic
+    # version table only) that every verb then called out of date.
+    new = place / "never-made.db"
+    for verb in (["db", "upgrade", "bogusrev"], ["db", "downgrade", "bogusrev"]):
+        one_line_error([*verb, "--db", _db(new)], "no schema revision 'bogusrev'")
+    assert not new.exists()
+    # A step Alembic refuses, on a real store: its reason, not an internal error.
+    one_line_error(["db", "upgrade", "+9", "--db", _db(place / "store.db")], "+9")
+
+
+def test_a_structured_setting_that_is_not_json_is_named(
+    place: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "internal error: SettingsError: error parsing value for field ...", where every
+    # other bad setting is named.
+    monkeypatch.setenv("TRACESTORE_RETENTION_RULES", "not json")
+    for verb in (["retention", "show"], ["runs"]):
+        one_line_error(
+            [*verb, "--db", _db(place / "store.db")], "TRACESTORE_RETENTION_RULES: not valid JSON"
+        )
+
+
 @pytest.mark.parametrize("verb", STORE_VERBS, ids=lambda v: "-".join(v))
 def test_bad_sqlite_paths(place: Path, verb: list[str]) -> None:
     if verb != ["db", "upgrade"]:  # upgrade creates a new store; the others need one

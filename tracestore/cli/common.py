@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,7 @@ PROGRESS_AFTER_S = 0.5
 def settings_for(db: str | None) -> Settings:
     """Settings from the environment, with --db taking precedence."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from tracestore.settings import Settings
 
@@ -61,6 +63,13 @@ def settings_for(db: str | None) -> Settings:
         problem = exc.errors()[0]
         where = "TRACESTORE_" + "_".join(str(p) for p in problem["loc"]).upper()
         raise InvalidRequest(f"{where}: {problem['msg']}") from None
+    except SettingsError as exc:
+        # A structured setting (JSON) that does not parse: pydantic-settings names the
+        # field in its message and keeps the parser's reason as the cause.
+        field = re.search(r'field "([^"]+)"', str(exc))
+        where = f"TRACESTORE_{field[1].upper()}" if field else "a TRACESTORE_ setting"
+        reason = exc.__cause__ or exc
+        raise InvalidRequest(f"{where}: not valid JSON ({reason})") from None
     if db:
         settings = settings.model_copy(update={"database_url": db})
     return settings

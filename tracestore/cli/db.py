@@ -30,6 +30,7 @@ def upgrade(
     from tracestore.db import migrate
 
     with reported_errors():
+        migrate.check_revision(revision)  # before a new SQLite file is made for it
         engine = _engine(db, create=True)
         before = migrate.current_revision(engine)
         migrate.upgrade(engine, revision)
@@ -46,6 +47,7 @@ def downgrade(
     from tracestore.db import migrate
 
     with reported_errors():
+        migrate.check_revision(revision)
         engine = _engine(db)
         before = migrate.current_revision(engine)
         migrate.downgrade(engine, revision)

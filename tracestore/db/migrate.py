@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, MetaData, inspect
 
-from tracestore.errors import SchemaOutOfDate
+from tracestore.errors import InvalidRequest, SchemaOutOfDate
 
 
 def migrations_dir() -> Path:
@@ -51,6 +51,26 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def check_revision(revision: str) -> None:
+    """InvalidRequest unless `revision` names one of this code's revisions (or head, base,
+    a relative step such as +1 or -1), before any database is touched."""
+    import re
+
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    if re.fullmatch(r"[+-]\d+", revision.strip()):
+        return  # relative to the database's own revision: Alembic checks it there
+    scripts = ScriptDirectory.from_config(alembic_config())
+    try:
+        scripts.get_revisions(revision)
+    except CommandError:
+        known = ", ".join(s.revision for s in reversed(list(scripts.walk_revisions())))
+        raise InvalidRequest(
+            f"no schema revision {revision!r}: give head, base, a step (+1, -1) or one of {known}"
+        ) from None
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade the database behind `engine` to `revision`."""
     from alembic import command
@@ -66,6 +86,8 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 
 def _with_connection(engine: Engine, action) -> None:  # type: ignore[no-untyped-def]
+    from alembic.util import CommandError
+
     from tracestore.db.engine import create_migration_engine
 
     # A separate, unpooled engine: SQLite foreign keys stay off during batch rewrites.
@@ -75,6 +97,9 @@ def _with_connection(engine: Engine, action) -> None:  # type: ignore[no-untyped
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             action(cfg)
+    except CommandError as exc:
+        # What Alembic refuses (a step past the last revision): the user's to change.
+        raise InvalidRequest(f"schema migration refused: {exc}") from None
     finally:
         migration_engine.dispose()
 
