@@ -105,6 +105,22 @@ def test_demo_reads_a_bad_database_url_as_every_verb_does(
     one_line_error(["demo", "--db", url], expect)
 
 
+@pytest.mark.parametrize("verb", [["ingest", "good.jsonl"], ["demo"]], ids=lambda v: v[0])
+def test_ingest_and_demo_post_to_tracestore_url_as_the_read_verbs_read_from_it(
+    place: Path, verb: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Exported for `show` and `runs`, TRACESTORE_URL was ignored by these two: the
+    # rollouts went to a new ./tracestore.db, the summary saying "created". A server that
+    # cannot be reached now says so, and no local store is made.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACESTORE_URL", "http://127.0.0.1:1")
+    args = [str(place / verb[1]) if v.endswith(".jsonl") else v for v in verb]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2, done.stdout + done.stderr
+    assert "http://127.0.0.1:1" in done.stderr
+    assert not (tmp_path / "tracestore.db").exists()
+
+
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:
     # "internal error: CommandError", and `upgrade` had made an empty store (an Alembic
     # version table only) that every verb then called out of date.

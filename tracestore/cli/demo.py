@@ -10,6 +10,7 @@ import typer
 
 from tracestore.cli.common import DbOption, console, fail, reported_errors, store_url
 from tracestore.cli.ingest import ApiKeyOption, Tally, UrlOption, send
+from tracestore.cli.remote import server_url
 from tracestore.ingest.files import FileItem, iter_file
 
 EXAMPLES_FILE = "rollouts.jsonl"
@@ -135,8 +136,7 @@ def demo(
 
     Exit status: 0, or 2 when an example was refused as invalid.
     """
-    if url and db:
-        fail("give --db or --url, not both")
+    url = server_url(db, url)  # TRACESTORE_URL when neither is given, as `ingest` takes it
     path = examples_dir() / EXAMPLES_FILE
     if not path.is_file():
         fail(f"the example rollouts are missing: {path} does not exist")

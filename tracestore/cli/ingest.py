@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from tracestore.cli.common import DbOption, console, err_console, fail, open_store, reported_errors
+from tracestore.cli.remote import server_url
 from tracestore.errors import TracestoreError
 from tracestore.ingest.files import (
     DIRECTORY_PATTERNS,
@@ -33,7 +34,11 @@ SHOW_PROBLEMS = 20
 # Shared with `tracestore demo`, which sends its examples the same way.
 UrlOption = Annotated[
     str | None,
-    typer.Option(help="Post to a running server at this base URL instead of --db."),
+    typer.Option(
+        help="Post to a running server at this base URL instead of --db (default: "
+        "TRACESTORE_URL when --db is not given).",
+        show_default=False,
+    ),
 ]
 ApiKeyOption = Annotated[
     str | None,
@@ -196,8 +201,9 @@ def ingest(
     conflicted with a stored rollout of the same run_id, or a file could not be read (each
     is named as it is met; the other files are still ingested).
     """
-    if url and db:
-        fail("give --db or --url, not both")
+    # TRACESTORE_URL as the read verbs take it: exported for them, it was ignored here, and
+    # the rollouts went to a new local store while the summary said "created".
+    url = server_url(db, url)
     from rich.progress import (
         BarColumn,
         DownloadColumn,
