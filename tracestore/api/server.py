@@ -140,6 +140,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # the next bytes belong to a request's line and headers
         self._head_bytes = 0  # how many of them came so far
         self._heads = 0  # heads completed on this connection
+        self._head_size = 0  # the current head's target and header lines, as parsed
+        self._head_too_large = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._lingering = False
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -180,12 +182,54 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         in_head, heads = self._in_head, self._heads
         super().data_received(data)
-        if in_head and self._in_head and self._heads == heads and not self.transport.is_closing():
+        if (
+            in_head
+            and self._in_head
+            and self._heads == heads
+            and not self.transport.is_closing()
+            and not self._lingering  # refused while parsing (send_400_response)
+        ):
             # All of `data` went into one request head that is still open.
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head:
                 message = f"the request line and headers exceed {self.max_head} bytes"
                 self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
+
+    def on_message_begin(self) -> None:
+        """A new request: its head's size counts from nothing."""
+        super().on_message_begin()
+        self._head_size = 0
+        self._head_too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        """Count the target against the head's bound."""
+        super().on_url(url)
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count the header line against the head's bound."""
+        super().on_header(name, value)
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+
+    def _count_head(self, size: int) -> None:
+        # data_received counts only a head still open after a read: one that arrives whole
+        # in a read or two (a 100 KB header) was never counted, and the app took it. The
+        # parser calls these as it reads: past the bound, stop it; send_400_response (which
+        # uvicorn calls for any parser error) answers 431.
+        self._head_size += size
+        if self._head_size > self.max_head:
+            self._head_too_large = True
+            raise ValueError("request head too large")
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer a request the parser refused as every error is answered (JSON): 431 for
+        a head past its bound, else 400 (uvicorn's is text/plain)."""
+        if self._head_too_large:
+            message = f"the request line and headers exceed {self.max_head} bytes"
+            self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
+        else:
+            message = "the request is not valid HTTP/1.1"
+            self._refuse(400, b"Bad Request", "bad_request", message)
 
     def on_headers_complete(self) -> None:
         """The head is whole: stop its clock and count; the app takes it from here."""
