@@ -121,6 +121,15 @@ def test_ingest_and_demo_post_to_tracestore_url_as_the_read_verbs_read_from_it(
     assert not (tmp_path / "tracestore.db").exists()
 
 
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_serve_refuses_a_port_outside_the_range(place: Path, port: str) -> None:
+    # 99999 was announced while the server listened on 99999 mod 65536 (34463).
+    done = CliRunner().invoke(app, ["serve", "--port", port, "--db", _db(place / "x.db")])
+    assert done.exit_code == 2, done.stderr
+    assert "--port" in done.stderr
+    assert not (place / "x.db").exists()
+
+
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:
     # "internal error: CommandError", and `upgrade` had made an empty store (an Alembic
     # version table only) that every verb then called out of date.

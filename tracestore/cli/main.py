@@ -88,7 +88,7 @@ def main(
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (1-65535).", min=1, max=65535)] = 8000,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
     db: DbOption = None,
     migrate_db: Annotated[
