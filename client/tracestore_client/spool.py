@@ -30,7 +30,8 @@ except ImportError:  # pragma: no cover - Windows: threads of one process only
 
 log = logging.getLogger("tracestore.client")
 
-_MAGIC = b"TSR1"
+SPOOL_MAGIC = b"TSR1"  # what every record starts with
+_MAGIC = SPOOL_MAGIC
 
 # Replay posts the spool in batches of at most this many rollouts or bytes.
 REPLAY_BATCH_DOCS = 100

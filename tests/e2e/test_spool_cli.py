@@ -150,6 +150,25 @@ def test_a_path_that_is_no_spool_is_one_error_line(verb: str, tmp_path: Path) ->
     assert (alone.returncode, alone.stderr) == (2, done.stderr)
 
 
+@pytest.mark.parametrize("verb", ["status", "replay"])
+def test_a_file_of_rollouts_given_as_a_spool_is_refused_and_left_alone(
+    verb: str, tmp_path: Path
+) -> None:
+    # `replay` renamed a JSONL file of rollouts to `.replaying`, read it as one damaged
+    # record and said "0 delivered", exit 0; a replay that reached the server then removed
+    # it. Now the file is refused as no spool, and nothing is renamed or made beside it.
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(orjson.dumps(minimal_rollout("not-spooled")) + b"\n")
+    before = rollouts.read_bytes()
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    args = ["spool", verb, str(rollouts), *(["--url", nowhere] if verb == "replay" else [])]
+    done = run(*args)
+    assert done.returncode == 2, done.stderr
+    assert "is not a tracestore spool" in _error_line(done)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.jsonl"]
+    assert rollouts.read_bytes() == before
+
+
 def test_an_interrupted_replay_and_a_torn_write_are_shown_then_delivered(
     server: LiveServer, http: httpx.Client, tmp_path: Path
 ) -> None:
