@@ -58,7 +58,11 @@ def cid_in_text(text: str) -> str | None:
     `text` is what a person pastes: the URL alone, or a log line holding it among other
     words (quotes and brackets around it are not part of it).
     """
-    for candidate in [text.strip(), *text.split()]:
+    whole = text.strip()
+    # A URL holds no whitespace: in a line that does, only its words can be the URL (the
+    # whole line read as one gave `trace_x HTTP` for `...?cid=trace_x HTTP/1.1" 200`).
+    candidates = text.split() if any(c.isspace() for c in whole) else [whole]
+    for candidate in candidates:
         candidate = candidate.strip(_QUOTES)
         if "?" in candidate:
             cid = cid_from_url(candidate)

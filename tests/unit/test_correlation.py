@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import load_examples
-from tracestore.correlation import cid_from_url, resolve_correlation
+from tracestore.correlation import cid_from_url, cid_in_text, resolve_correlation
 
 
 @pytest.mark.parametrize(
@@ -116,3 +116,20 @@ def test_lookup_forms_read_an_sdk_logged_id_as_tracestore_stores_it() -> None:
     # Nothing usable before the '/': only the id itself.
     assert lookup_forms("/v1/chat") == ["/v1/chat"]
     assert lookup_forms(" /x") == [" /x"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://h/v1/chat/completions?cid=trace_8e3b 200 OK",
+        'INFO:     127.0.0.1:51234 - "POST /v1/chat/completions?cid=trace_8e3b HTTP/1.1" 200 OK',
+        "{'inference_url': 'https://h/v1/chat/completions?cid=trace_8e3b', 'x': 1}",
+        'HTTP Request: POST http://h:8000/v1/chat/completions?cid=trace_8e3b "HTTP/1.1 200 OK"',
+        "  https://h/v1/chat/completions?cid=trace_8e3b  ",
+        "https://h?cid=trace_8e3b/v1/chat/completions 200",  # the malformed form, in a line
+    ],
+)
+def test_the_cid_in_a_log_line_stops_where_its_url_does(text: str) -> None:
+    # A well-formed URL followed by more words gave 'trace_8e3b 200 OK' (the whole line was
+    # read as one URL first); uvicorn's and httpx's access lines put words after it.
+    assert cid_in_text(text) == "trace_8e3b"
