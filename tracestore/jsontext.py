@@ -130,6 +130,64 @@ def loads_exact(text: bytes | str) -> Any:
     return json.loads(text, parse_int=ExactNumber, parse_float=ExactNumber)
 
 
+# --- a member's own text ---------------------------------------------------------------------
+
+# What orjson may not read back exactly: 18 digits or more (an integer past 64 bits is read
+# as a float; a double holds 17 significant digits), an exponent of three digits (past a
+# double's range: 1e-400 reads as 0.0). A document with
+# none of these re-serializes to the same numbers.
+_INEXACT = re.compile(rb"\d[\d.]{17,}|[eE][+-]?0*\d{3,}")
+# A string literal (kept as it is), or whitespace outside one (dropped).
+_STRING_OR_SPACE = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
+_EXACT_DECODER = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=str)
+
+
+def may_hold_inexact_numbers(raw: bytes) -> bool:
+    """Whether parsing `raw` with orjson may change a number (see _INEXACT): a cheap,
+    conservative test (digits inside strings count too)."""
+    return _INEXACT.search(raw) is not None
+
+
+def member_text(raw: bytes, path: tuple[str, ...]) -> bytes | None:
+    """The compact JSON text of the member at `path` of the JSON object `raw`, with every
+    number exactly as written (strings as written too); None when absent. For serving a
+    stored part of a document whose numbers orjson would change (1e-400 read as 0.0)."""
+    text = raw.decode("utf-8")
+    start, end = 0, len(text)
+    for key in path:
+        found = _member_span(text, start, key)
+        if found is None:
+            return None
+        start, end = found
+    return _STRING_OR_SPACE.sub(lambda m: m.group(1) or "", text[start:end]).encode("utf-8")
+
+
+def _member_span(text: str, at: int, key: str) -> tuple[int, int] | None:
+    """Where the value of `key` in the object starting at `at` (after whitespace) lies."""
+
+    def skip(i: int) -> int:
+        return _WHITESPACE.match(text, i).end()  # type: ignore[union-attr]  # `*` always matches
+
+    at = skip(at)
+    if text[at : at + 1] != "{":
+        return None
+    at = skip(at + 1)
+    while text[at : at + 1] == '"':
+        name, at = _EXACT_DECODER.raw_decode(text, at)
+        at = skip(at)
+        if text[at : at + 1] != ":":
+            return None
+        at = skip(at + 1)
+        _, end = _EXACT_DECODER.raw_decode(text, at)
+        if name == key:
+            return at, end
+        at = skip(end)
+        if text[at : at + 1] != ",":
+            return None
+        at = skip(at + 1)
+    return None
+
+
 # --- the items of an array ------------------------------------------------------------------
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")

@@ -21,6 +21,7 @@ from tests.conftest import minimal_rollout, row_counts
 
 BIG = b"123456789012345678901234567891"
 NDJSON = {"Content-Type": "application/x-ndjson"}
+JSON = {"Content-Type": "application/json"}
 
 
 def _raw(run_id: str, value: bytes, **extra: Any) -> bytes:
@@ -269,3 +270,45 @@ def test_one_instant_in_another_datetime_form_is_a_duplicate(
         assert response.json()["error"]["differing_parts"] == ["trace"]
     # Either way, the first document is what stays.
     assert orjson.loads(_fetch(http, run_id))["trace"]["created_at"] == first
+
+
+# --- stored parts served exactly -------------------------------------------------------------
+
+
+def _exact_parts(run_id: str, wrapped: bool) -> bytes:
+    """A rollout whose trajectories and trace hold numbers orjson does not read back."""
+    numbers = b'{"big": ' + BIG + b', "tiny": 1e-400, "long": 1234567890.123456789, "k": 1.0}'
+    trace = b'{"session_id": "s", "session_time_steps": [], "metadata": {"n": ' + numbers + b"}}"
+    if wrapped:
+        trace = b'{"session_trace": ' + trace + b', "x": 1}'
+    return (
+        b'{"run_id": "' + run_id.encode() + b'", "trajectories": [{"env_id": "e", '
+        b'"policy_id": "p", "steps": [{"obs": ' + numbers + b', "reward": 1, "done": true}]}], '
+        b'"metrics": {"episode_returns": [1], "mean_return": 1, "num_steps": 1}, '
+        b'"trace": ' + trace + b"}"
+    )
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["full", "wrapped"])
+def test_stored_parts_are_served_with_every_number_as_sent(
+    http: httpx.Client, wrapped: bool
+) -> None:
+    # `/trajectories` (X-Tracestore-Source: stored) and a stored trace were the document
+    # read through floats: a 30-digit integer came back as 1.2345678901234568e+29 and
+    # 1e-400 as 0.0 (a helper's QA), while the document itself came back byte for byte.
+    run_id = f"exact-parts-{'wrapped' if wrapped else 'full'}"
+    raw = _exact_parts(run_id, wrapped)
+    assert http.post("/v1/rollouts", content=raw, headers=JSON).status_code == 201
+    trajectories = http.get(f"/v1/rollouts/{run_id}/trajectories")
+    assert trajectories.headers["X-Tracestore-Source"] == "stored"
+    assert trajectories.content == (
+        b'[{"env_id":"e","policy_id":"p","steps":[{"obs":{"big":' + BIG + b',"tiny":1e-400,'
+        b'"long":1234567890.123456789,"k":1.0},"reward":1,"done":true}]}]'
+    )
+    trace = http.get(f"/v1/rollouts/{run_id}/trace")
+    assert trace.headers["X-Tracestore-Source"] == "stored"
+    assert trace.content == (
+        b'{"session_id":"s","session_time_steps":[],"metadata":{"n":{"big":'
+        + BIG
+        + b',"tiny":1e-400,"long":1234567890.123456789,"k":1.0}}}'
+    )

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracestore.jsontext import first_repeated_key, loads_exact, repeats_keys, split_array
+from tracestore.jsontext import (
+    first_repeated_key,
+    loads_exact,
+    may_hold_inexact_numbers,
+    member_text,
+    repeats_keys,
+    split_array,
+)
 
 # Keys short and few, so that repeats happen; characters that trip naive scanners.
 key_text = st.text(st.sampled_from(["a", "b", ":", '"', "\\", " ", "é", "\x00", "/"]), max_size=3)
@@ -145,3 +152,48 @@ def test_split_array_refuses_what_is_not_an_array(body: bytes) -> None:
 )
 def test_exact_values(a: bytes, b: bytes, equal: bool) -> None:
     assert (loads_exact(a) == loads_exact(b)) is equal
+
+
+def test_a_member_s_text_keeps_every_number_and_string_as_written() -> None:
+    raw = (
+        b'{ "a" : 1, "s": "x \\" }  {", "t" : { "n" : [ 123456789012345678901234567 , 1e-400 ,'
+        b' -0.0, 1E+400 ] , "u": "a  b\\\\" } , "z": null }'
+    )
+    assert member_text(raw, ("t",)) == (
+        b'{"n":[123456789012345678901234567,1e-400,-0.0,1E+400],"u":"a  b\\\\"}'
+    )
+    assert member_text(raw, ("t", "n")) == b"[123456789012345678901234567,1e-400,-0.0,1E+400]"
+    assert member_text(raw, ("s",)) == b'"x \\" }  {"'
+    assert member_text(raw, ("t", "missing")) is None
+    assert member_text(raw, ("a", "deeper")) is None  # not an object
+    assert may_hold_inexact_numbers(raw)
+    assert not may_hold_inexact_numbers(b'{"a": 1.5, "b": 12345678901234567, "c": 1e-30}')
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.sampled_from(['"', "\\", " ", "\n", "é", "a", "{", "}", ":", ","]), max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.text(st.sampled_from(["a", "b", '"', " "]), max_size=2), inner, max_size=3
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    st.dictionaries(st.text(st.sampled_from(["k", "l", '"']), max_size=2), json_values, min_size=1),
+    st.sampled_from([None, 0, 2]),
+)
+def test_a_member_s_text_is_the_member(obj: dict[str, object], indent: int | None) -> None:
+    raw = json.dumps(obj, indent=indent, ensure_ascii=False).encode()
+    for key, value in obj.items():
+        text = member_text(raw, (key,))
+        assert text is not None
+        assert json.loads(text) == value
+        assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

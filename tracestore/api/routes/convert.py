@@ -19,7 +19,7 @@ from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
 from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
-from tracestore.jsontext import dumps
+from tracestore.jsontext import dumps, may_hold_inexact_numbers, member_text
 from tracestore.store.served import Served, serve_trace, serve_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
@@ -116,6 +116,16 @@ def _answer(raw: bytes, to: str, replace: bool) -> bytes:
 def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
     doc = orjson.loads(raw)
     served = serve_trace(doc, received_at) if part == "trace" else serve_trajectories(doc)
+    if served.source == "stored" and may_hold_inexact_numbers(raw):
+        # orjson read 1e-400 as 0.0 and a 30-digit integer as a float: a stored part is
+        # served from the document's own text instead, every number as sent.
+        wrapped = part == "trace" and served.trace_kind == "wrapped"
+        path = ("trace", "session_trace") if wrapped else (part,)
+        text = member_text(raw, path)
+        if text is not None:
+            return Response(
+                text, media_type="application/json", headers={SOURCE_HEADER: served.source}
+            )
     return _response(served)
 
 
