@@ -106,20 +106,40 @@ def test_a_503_with_retry_after_is_logged_and_waited_out(
     with ServerProcess(f"sqlite:///{db}?timeout=0.2", tmp_path / "server.log") as server:
         holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
         holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock...
-        release = threading.Timer(1.5, lambda: holder.execute("ROLLBACK"))
-        release.start()  # ...for 1.5 s
+        refused = threading.Event()
+
+        def on_response(response: httpx.Response) -> None:
+            if response.status_code == 503:
+                refused.set()
+
+        def release() -> None:
+            # ...until the client was refused, and a while more (it waits out Retry-After
+            # meanwhile). A timer from the start raced the client's first attempt.
+            refused.wait(60)
+            time.sleep(0.5)
+            holder.execute("ROLLBACK")
+
+        releaser = threading.Thread(target=release)
+        releaser.start()
         caplog.set_level(logging.INFO, logger=LOGGER)
         start = time.monotonic()
         try:
-            with TracestoreClient(server.url, max_retries=10, backoff=0.01) as client:
+            with TracestoreClient(
+                server.url,
+                max_retries=10,
+                backoff=0.01,
+                event_hooks={"response": [on_response]},
+            ) as client:
                 assert client.post_rollout(minimal_rollout("log-busy"))["status"] == "created"
         finally:
-            release.join()
+            refused.set()  # never refused (it failed): the releaser need not wait
+            releaser.join()
             holder.close()
     took = time.monotonic() - start
     retries = _records(caplog, "retrying in")
     assert retries, "the lock was held: the first attempt must have been refused"
     first = retries[0]
     assert getattr(first, "reason", None) == "503 database_unavailable, Retry-After 1 s"
-    assert getattr(first, "wait_s", 0) >= 1.0  # never sooner than Retry-After
-    assert took >= 1.5
+    wait_s = getattr(first, "wait_s", 0)
+    assert wait_s >= 1.0  # never sooner than Retry-After
+    assert took >= wait_s

@@ -43,7 +43,12 @@ from tracestore.client import TracestoreClient, TracestoreHTTPError
 WAIT_S = 120.0
 BATCH_SIZES = (2, 5)
 PAUSE_S = 0.02  # between a client's posts: leaves CPU to the server on a 2-core runner
-BIG_BATCH = 100
+# The batch the last kill lands in: 1280 small rollouts make 20 transactions of 64
+# (ingest/service.py), so the kill has 0.4-0.7 s after the first commit to land before
+# the last one. 100 rollouts of up to 100 kB made two: 15-60 ms, which a test process
+# descheduled on a loaded runner could miss.
+BIG_BATCH = 1280
+BIG_BATCH_MAX_BYTES = 20_000
 
 
 class Stream:
@@ -198,8 +203,9 @@ def test_acknowledged_rollouts_survive_sigkill(
             batch: dict[str, bytes] = {}
             if kill == SIZE.kills - 1:
                 # Inside a big batch: its committed items stay, the others never were.
+                small = RolloutFactory(f"crash-{backend}-big", max_bytes=BIG_BATCH_MAX_BYTES)
                 batch, batch_stored = _kill_mid_batch(
-                    server, fresh_db, fresh_engine, factory, section
+                    server, fresh_db, fresh_engine, small, section
                 )
                 with stream.lock:
                     stream.sent.update(batch)

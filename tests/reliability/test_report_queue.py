@@ -65,12 +65,13 @@ def test_reports_waiting_for_an_analytics_child_leave_the_reads_alone(
             for thread in threads:
                 thread.start()
             # While every report is in (two held by the lock in the children, the rest
-            # queued): reads are answered, and so is what needs no analytics child.
+            # queued): reads are answered, and so is what needs no analytics child. Kept
+            # waiting behind the reports, they would be refused 503 after WAIT_S: their
+            # statuses are the check, not their times (a loaded runner stretches those).
             for _ in range(3):
                 time.sleep(0.3)
                 read = httpx.get(f"{url}/v1/rollouts", params={"limit": 1}, timeout=30)
                 assert read.status_code == 200, read.text
-                assert read.elapsed.total_seconds() < WAIT_S
             for path, status in (
                 ("/v1/reports", 200),
                 ("/v1/reports/no-such-report", 404),
@@ -78,7 +79,6 @@ def test_reports_waiting_for_an_analytics_child_leave_the_reads_alone(
             ):
                 answer = httpx.get(url + path, timeout=30)
                 assert answer.status_code == status, (path, answer.text)
-                assert answer.elapsed.total_seconds() < WAIT_S, path
             # Past the wait, the queued reports are refused, saying why; the two in the
             # children still wait for the lock.
             deadline = time.monotonic() + WAIT_S + 30

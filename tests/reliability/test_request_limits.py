@@ -727,7 +727,11 @@ def test_a_read_waiting_for_a_read_slot_holds_none_of_the_budget(tmp_path: Path)
         _until(lambda: reads.waiting == 1, "the read waits for the read slot")
         assert budget.held == 0
         post = pool.submit(client.post, "/v1/rollouts", content=small, headers=headers)
-        assert post.result(timeout=4).status_code == 201
+        # Answered while the read still waits for its slot: behind the read's charge it got
+        # in only once the read gave up, db_wait later. That, not how long the post took, is
+        # the check (a loaded runner may take seconds over one that takes 50 ms alone).
+        assert post.result(timeout=30).status_code == 201
+        assert reads.waiting == 1, "the ingest got in only once the read gave up its wait"
         slot.close()
         served = read.result(timeout=60)
         assert served.status_code == 200, served.text[:300]
@@ -772,8 +776,10 @@ def test_a_read_that_waited_for_a_slot_keeps_its_turn(tmp_path: Path) -> None:
     # Waiting for a read slot, a read that gave its slot back at once to try for the budget
     # lost its turn in the slots' queue each time (a helper's review: one slot, three
     # readers holding it 50 ms in turn: the read refused 503 after 2.3 s while 51 others
-    # were served). It keeps the slot it waited for when the budget has room.
-    with _steps_stored(tmp_path, db_wait=3, db_pool_size=1) as (client, _, _, others):
+    # were served). It keeps the slot it waited for when the budget has room. It waits
+    # 0.15 s alone; a db_wait of 10 s leaves room for a loaded runner, and a read that loses
+    # its turn is still refused then: the readers go on until it is answered.
+    with _steps_stored(tmp_path, db_wait=10, db_pool_size=1) as (client, _, _, others):
         budget, portal = _budget(client)
         reads = client.app.state.tracestore.lanes.reads  # type: ignore[attr-defined]
         stop = anyio.Event()
@@ -790,7 +796,7 @@ def test_a_read_that_waited_for_a_slot_keeps_its_turn(tmp_path: Path) -> None:
                 readers = [portal.start_task_soon(reader) for _ in range(3)]
                 _until(lambda: reads.waiting >= 2, "the readers queue for the slot")
             try:
-                served = read.result(timeout=30)
+                served = read.result(timeout=60)
             finally:
                 portal.call(stop.set)
                 for task in readers:

@@ -239,14 +239,24 @@ def test_waits_given_up_before_a_waiter_thread_was_free_leave_the_queue_free(
         while _lock_files_open(lock) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _lock_files_open(lock) == 0
-        with waiters.mutex:
-            assert (waiters.queued, waiters.idle, waiters.threads) == (0, 1, 1)
+        # ...and then counts itself idle again: read until it has (it may be descheduled
+        # in between).
+        deadline = time.monotonic() + 5
+        while _counts(waiters) != (0, 1, 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _counts(waiters) == (0, 1, 1)
         writer, outcome = _write_in_thread(engines[2], 7)
         writer.join(15)
         assert outcome == ["written"]
     finally:
         for engine in engines:
             engine.dispose()
+
+
+def _counts(waiters: engine_module._Waiters) -> tuple[int, int, int]:
+    """The waiter threads' (queued, idle, threads), read under their mutex."""
+    with waiters.mutex:
+        return waiters.queued, waiters.idle, waiters.threads
 
 
 def _lock_files_open(lock: Path) -> int:
