@@ -152,3 +152,17 @@ def test_a_report_name_longer_than_a_file_name_is_not_found(http: httpx.Client) 
     # Before: 500 (the file look-up raised OSError: file name too long).
     assert response.status_code == 404, response.text[:300]
     assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("path", ["/v1/rollouts", "/v1/drift", "/v1/drift/report"])
+@pytest.mark.parametrize("kind", ["bogus", "FULL", "null"])
+def test_an_unknown_trace_kind_is_refused_naming_the_kinds(
+    http: httpx.Client, path: str, kind: str
+) -> None:
+    # It selected no run without a word: an empty list or summary for a mistyped kind.
+    response = http.get(path, params={"trace_kind": kind})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "full, wrapped, summary, db_row, empty, unknown" in error["message"]
+    assert http.get(path, params={"trace_kind": "full"}).status_code == 200

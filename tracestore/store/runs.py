@@ -28,6 +28,7 @@ from tracestore.models import Run, RunDocument, Trajectory
 from tracestore.models.drift import DriftFinding
 from tracestore.store.documents import decompress_document, load_document
 from tracestore.store.drift import drift_kinds_for, has_drift_clause, kinds_by_run
+from tracestore.wire.trace import TRACE_KINDS
 
 MAX_LIMIT = 1000
 # Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
@@ -65,6 +66,15 @@ class RunFilter:
     trace_kind: str | None = None
     has_trajectories: bool | None = None
     has_drift: bool | None = None
+
+    def __post_init__(self) -> None:
+        # A mistyped kind (`FULL`, `bogus`) selected no run without a word: an empty list,
+        # an empty dataset refused as such, a report over nothing.
+        if self.trace_kind is not None and self.trace_kind not in TRACE_KINDS:
+            raise InvalidRequest(
+                f"trace_kind is one of {', '.join(TRACE_KINDS)}, not {self.trace_kind!r}",
+                trace_kind=self.trace_kind,
+            )
 
 
 # The look-ups' statements are built once and executed with parameters on the session's
