@@ -138,6 +138,19 @@ def test_sql_reads_stdin_and_snapshots(store: Store) -> None:
     assert json.loads(live.stdout)["rows"][0]["runs"] > 0
 
 
+def test_sql_past_a_double_or_64_bits_is_answered(store: Store) -> None:
+    # "internal error": DuckDB writes 1e400's parse tree with `Infinity` (orjson refused
+    # it), and a HUGEINT past 64 bits could not be written as JSON.
+    inf = run("sql", "SELECT 1e400 AS x", "--db", store.url, "-f", "csv")
+    assert inf.returncode == 0, inf.stderr
+    assert inf.stdout.splitlines()[1] == "inf"
+    big = run(
+        "sql", "SELECT 12345678901234567890123::HUGEINT AS x", "--db", store.url, "-f", "json"
+    )
+    assert big.returncode == 0, big.stderr
+    assert json.loads(big.stdout)["rows"] == [{"x": 12345678901234567890123}]
+
+
 def test_export_since_keeps_later_runs_and_their_rows(store: Store, tmp_path: Path) -> None:
     target = tmp_path / "later"
     done = run("export", str(target), "--since", "2025-11-19", "--db", store.url)

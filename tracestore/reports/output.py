@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -69,7 +70,13 @@ def document(result: Result) -> dict[str, Any]:
 
 def to_json(result: Result) -> bytes:
     """The result as one JSON document."""
-    return orjson.dumps(document(result), option=orjson.OPT_INDENT_2) + b"\n"
+    doc = document(result)
+    try:
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+    except orjson.JSONEncodeError:
+        # An integer past 64 bits (DuckDB's HUGEINT) or nesting orjson does not write: the
+        # standard library writes both exactly ("internal error" before).
+        return json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n"
 
 
 def _cell(value: Any) -> str:
