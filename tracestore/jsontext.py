@@ -132,20 +132,56 @@ def loads_exact(text: bytes | str) -> Any:
 
 # --- a member's own text ---------------------------------------------------------------------
 
-# What orjson may not read back exactly: 18 digits or more (an integer past 64 bits is read
-# as a float; a double holds 17 significant digits), an exponent of three digits (past a
-# double's range: 1e-400 reads as 0.0). A document with
-# none of these re-serializes to the same numbers.
-_INEXACT = re.compile(rb"\d[\d.]{17,}|[eE][+-]?0*\d{3,}")
+# What orjson may not read back exactly: 18 significant digits or more (an integer past 64
+# bits is read as a float; a double holds 17), an exponent of three digits (past a double's
+# range: 1e-400 reads as 0.0). Looked for in a copy where digits and `.` are `0`, `e`/`E`
+# are `e`, signs are `+` and anything else a space, with C-speed finds (a pattern over the
+# text itself cost twice its parse); each candidate is then checked to be such a number
+# token, not digits inside a string (ids, hashes).
+_NUMBERISH = bytes(
+    48 if 48 <= b <= 57 or b == 46 else 101 if b in b"eE" else 43 if b in b"+-" else 32
+    for b in range(256)
+)
+_CANDIDATES = (b"0" * 18, b"e000", b"e+000")
+_NUMBER_CHARS = frozenset(b"0123456789.eE+-")
+_BEFORE_A_NUMBER = frozenset(b":,[ \t\n\r")
 # A string literal (kept as it is), or whitespace outside one (dropped).
 _STRING_OR_SPACE = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
 _EXACT_DECODER = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=str)
 
 
+_NUMBER = re.compile(rb"-?(\d+)(?:\.(\d+))?(?:[eE][+-]?(\d+))?")
+
+
 def may_hold_inexact_numbers(raw: bytes) -> bool:
-    """Whether parsing `raw` with orjson may change a number (see _INEXACT): a cheap,
-    conservative test (digits inside strings count too)."""
-    return _INEXACT.search(raw) is not None
+    """Whether parsing `raw` with orjson may change a number (see _NUMBERISH): cheap, and
+    conservative (18 significant digits a double happens to hold count too)."""
+    shape = raw.translate(_NUMBERISH)
+    for candidate in _CANDIDATES:
+        found = shape.find(candidate)
+        while found >= 0:
+            at = end = found
+            while at > 0 and raw[at - 1] in _NUMBER_CHARS:
+                at -= 1
+            while end < len(raw) and raw[end] in _NUMBER_CHARS:
+                end += 1
+            # Not after a delimiter: digits inside a string.
+            if (at == 0 or raw[at - 1] in _BEFORE_A_NUMBER) and _inexact(raw[at:end]):
+                return True
+            found = shape.find(candidate, end)
+    return False
+
+
+def _inexact(token: bytes) -> bool:
+    number = _NUMBER.fullmatch(token)
+    if number is None:
+        return False  # not a number token after all
+    whole, fraction, exponent = number.groups()
+    if exponent is not None and len(exponent.lstrip(b"0")) >= 3:
+        return True
+    if fraction is None and exponent is None:
+        return len(whole.lstrip(b"0")) >= 20  # orjson reads 64-bit integers exactly
+    return len((whole + (fraction or b"")).strip(b"0")) >= 18
 
 
 def member_text(raw: bytes, path: tuple[str, ...]) -> bytes | None:

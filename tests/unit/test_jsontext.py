@@ -197,3 +197,24 @@ def test_a_member_s_text_is_the_member(obj: dict[str, object], indent: int | Non
         assert text is not None
         assert json.loads(text) == value
         assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "inexact"),
+    [
+        (b'{"a":12345678901234567890123}', True),  # past 64 bits
+        (b'{"a":18446744073709551615}', True),  # 20 digits: counted, though orjson holds it
+        (b'{"a":123456789012345678}', False),  # 64 bits: orjson reads it exactly
+        (b'{"a": 1e-400}', True),
+        (b'{"a":\n -1E+400}', True),
+        (b'{"a":1e-0400}', True),
+        (b"[1.5, 1234567890.123456789]", True),  # 19 significant digits across the point
+        (b'{"a":0.1000000000000000055511151231257827}', True),
+        (b'{"a":0.30000000000000004}', False),  # 17 significant digits: a double's own
+        (b'{"a":1.000000000000000000}', False),  # trailing zeros are no digits of its value
+        (b'{"h":"ab1e857", "id":"123456789012345678901"}', False),  # inside strings
+        (b"12345678901234567890123", True),
+    ],
+)
+def test_numbers_orjson_may_change_are_found(raw: bytes, inexact: bool) -> None:
+    assert may_hold_inexact_numbers(raw) is inexact
