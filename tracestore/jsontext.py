@@ -20,13 +20,18 @@ if sys.getrecursionlimit() < 4000:
     sys.setrecursionlimit(4000)
 
 
-def dumps(value: Any) -> bytes:
-    """Compact JSON bytes of `value` (orjson, or the stdlib for very deep values)."""
+def dumps(value: Any, *, indent: bool = False) -> bytes:
+    """JSON bytes of `value`, compact or indented by two spaces (orjson, or the stdlib for
+    very deep values and integers past 64 bits, which orjson does not write)."""
     try:
-        return orjson.dumps(value)
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2 if indent else None)
     except orjson.JSONEncodeError:
         return json.dumps(
-            value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            value,
+            ensure_ascii=False,
+            indent=2 if indent else None,
+            separators=(",", ": ") if indent else (",", ":"),
+            allow_nan=False,
         ).encode()
 
 
@@ -145,12 +150,9 @@ _NUMBERISH = bytes(
 _CANDIDATES = (b"0" * 18, b"e000", b"e+000")
 _NUMBER_CHARS = frozenset(b"0123456789.eE+-")
 _BEFORE_A_NUMBER = frozenset(b":,[ \t\n\r")
+_NUMBER = re.compile(rb"-?(\d+)(?:\.(\d+))?(?:[eE][+-]?(\d+))?")
 # A string literal (kept as it is), or whitespace outside one (dropped).
 _STRING_OR_SPACE = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
-_EXACT_DECODER = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=str)
-
-
-_NUMBER = re.compile(rb"-?(\d+)(?:\.(\d+))?(?:[eE][+-]?(\d+))?")
 
 
 def may_hold_inexact_numbers(raw: bytes) -> bool:
@@ -200,33 +202,36 @@ def member_text(raw: bytes, path: tuple[str, ...]) -> bytes | None:
 
 def _member_span(text: str, at: int, key: str) -> tuple[int, int] | None:
     """Where the value of `key` in the object starting at `at` (after whitespace) lies."""
-
-    def skip(i: int) -> int:
-        return _WHITESPACE.match(text, i).end()  # type: ignore[union-attr]  # `*` always matches
-
-    at = skip(at)
+    at = _skip(text, at)
     if text[at : at + 1] != "{":
         return None
-    at = skip(at + 1)
+    at = _skip(text, at + 1)
     while text[at : at + 1] == '"':
-        name, at = _EXACT_DECODER.raw_decode(text, at)
-        at = skip(at)
+        name, at = _DECODER.raw_decode(text, at)
+        at = _skip(text, at)
         if text[at : at + 1] != ":":
             return None
-        at = skip(at + 1)
-        _, end = _EXACT_DECODER.raw_decode(text, at)
+        value_at = _skip(text, at + 1)
+        _, end = _DECODER.raw_decode(text, value_at)
         if name == key:
-            return at, end
-        at = skip(end)
+            return value_at, end
+        at = _skip(text, end)
         if text[at : at + 1] != ",":
             return None
-        at = skip(at + 1)
+        at = _skip(text, at + 1)
     return None
 
 
 # --- the items of an array ------------------------------------------------------------------
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, at: int) -> int:
+    """The first position at or after `at` that is not JSON whitespace."""
+    return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # `*` always matches
+
+
 # Integers stay text: int() refuses more than 4,300 digits, which orjson reads.
 _DECODER = json.JSONDecoder(parse_int=str)
 
@@ -248,14 +253,11 @@ def split_array(raw: bytes, *, max_items: int | None = None) -> list[bytes] | No
     """
     text = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
 
-    def skip(at: int) -> int:
-        return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # `*` always matches
-
-    at = skip(0)
+    at = _skip(text, 0)
     if text[at : at + 1] != "[":
         return None
     items: list[bytes] = []
-    at = skip(at + 1)
+    at = _skip(text, at + 1)
     if text[at : at + 1] != "]":
         while True:
             try:
@@ -268,13 +270,13 @@ def split_array(raw: bytes, *, max_items: int | None = None) -> list[bytes] | No
                 raise TooManyItems(max_items)
             # Strictly decoded text re-encodes to the very bytes it came from.
             items.append(text[at:end].encode("utf-8"))
-            at = skip(end)
+            at = _skip(text, end)
             sep = text[at : at + 1]
             if sep == "]":
                 break
             if sep != ",":
                 raise ValueError(f"expected ',' or ']' at character {at}")
-            at = skip(at + 1)
-    if skip(at + 1) != len(text):
-        raise ValueError(f"extra data after the array at character {skip(at + 1)}")
+            at = _skip(text, at + 1)
+    if _skip(text, at + 1) != len(text):
+        raise ValueError(f"extra data after the array at character {_skip(text, at + 1)}")
     return items

@@ -15,11 +15,10 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tracestore_client.client import TracestoreClient
 from tracestore_client.errors import TracestoreHTTPError
-from tracestore_client.spool import SPOOL_MAGIC, Spool, SpoolStatus
+from tracestore_client.spool import SPOOL_MAGIC, Spool, SpoolStatus, looks_like_a_spool
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 SHOW_REJECTED = 10  # reasons printed after a replay; the rest are in the .rejected file
@@ -50,16 +49,6 @@ def open_spool(path: str | os.PathLike[str]) -> Spool:
             f"{SPOOL_MAGIC.decode()!r}); rollout files go in with `tracestore ingest`"
         )
     return spool
-
-
-def looks_like_a_spool(path: Path) -> bool:
-    """Whether `path` is absent, empty, or starts as a spool record does."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(SPOOL_MAGIC) + 1)
-    except FileNotFoundError:
-        return True
-    return (SPOOL_MAGIC + b" ").startswith(head)
 
 
 _routed: list[logging.Handler] = []

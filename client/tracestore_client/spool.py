@@ -31,22 +31,32 @@ except ImportError:  # pragma: no cover - Windows: threads of one process only
 log = logging.getLogger("tracestore.client")
 
 SPOOL_MAGIC = b"TSR1"  # what every record starts with
-_MAGIC = SPOOL_MAGIC
 
 # Replay posts the spool in batches of at most this many rollouts or bytes.
 REPLAY_BATCH_DOCS = 100
 REPLAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
+def looks_like_a_spool(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is absent, empty, or starts as a spool record does (a file of rollouts
+    given as a spool by mistake does not)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SPOOL_MAGIC) + 1)
+    except FileNotFoundError:
+        return True
+    return (SPOOL_MAGIC + b" ").startswith(head)
+
+
 def _record(raw: bytes) -> bytes:
-    return b"%s %d %08x\n%s\n" % (_MAGIC, len(raw), zlib.crc32(raw), raw)
+    return b"%s %d %08x\n%s\n" % (SPOOL_MAGIC, len(raw), zlib.crc32(raw), raw)
 
 
 def _read_record(data: bytes, pos: int) -> tuple[bytes, int] | None:
     """The record starting at `pos` and the position after it, or None when it is damaged."""
     header_end = data.find(b"\n", pos)
     parts = data[pos:header_end].split(b" ") if header_end >= 0 else []
-    if len(parts) != 3 or parts[0] != _MAGIC or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != SPOOL_MAGIC or not parts[1].isdigit():
         return None
     start = header_end + 1
     end = start + int(parts[1])
@@ -72,7 +82,7 @@ def _parse_records(data: bytes) -> tuple[list[bytes], int]:
         # A torn tail (crash mid-append: that rollout was never reported spooled) or
         # damage: skip to the next record header.
         damaged += 1
-        following = data.find(b"\n" + _MAGIC + b" ", pos)
+        following = data.find(b"\n" + SPOOL_MAGIC + b" ", pos)
         if following < 0:
             break
         pos = following + 1

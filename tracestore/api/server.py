@@ -192,8 +192,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # All of `data` went into one request head that is still open.
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head:
-                message = f"the request line and headers exceed {self.max_head} bytes"
-                self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
+                self._refuse_head_too_large()
 
     def on_message_begin(self) -> None:
         """A new request: its head's size counts from nothing."""
@@ -225,8 +224,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Answer a request the parser refused as every error is answered (JSON): 431 for
         a head past its bound, else 400 (uvicorn's is text/plain)."""
         if self._head_too_large:
-            message = f"the request line and headers exceed {self.max_head} bytes"
-            self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
+            self._refuse_head_too_large()
         else:
             message = "the request is not valid HTTP/1.1"
             self._refuse(400, b"Bad Request", "bad_request", message)
@@ -253,6 +251,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         idle = self.cycle is None or self.cycle.response_complete
         if idle and not self.transport.is_closing() and not self._lingering:
             self._arm_head_timer()
+
+    def _refuse_head_too_large(self) -> None:
+        message = f"the request line and headers exceed {self.max_head} bytes"
+        self._refuse(431, b"Request Header Fields Too Large", "headers_too_large", message)
 
     def _refuse(self, status: int, reason: bytes, code: str, message: str) -> None:
         self.logger.warning("refused a request head: %s", message)

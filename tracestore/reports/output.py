@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
 
+from tracestore.jsontext import dumps
 from tracestore.reports.runner import Result
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -70,13 +70,8 @@ def document(result: Result) -> dict[str, Any]:
 
 def to_json(result: Result) -> bytes:
     """The result as one JSON document."""
-    doc = document(result)
-    try:
-        return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
-    except orjson.JSONEncodeError:
-        # An integer past 64 bits (DuckDB's HUGEINT) or nesting orjson does not write: the
-        # standard library writes both exactly ("internal error" before).
-        return json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n"
+    # jsontext's: a HUGEINT past 64 bits, which orjson does not write, comes out exactly.
+    return dumps(document(result), indent=True) + b"\n"
 
 
 def _cell(value: Any) -> str:

@@ -39,14 +39,16 @@ _HEADERS_DOC = {
 }
 
 
-def _response(served: Served) -> Response:
+def _response(served: Served, body: bytes | None = None) -> Response:
+    """`served` as an answer (its data serialized, unless `body` is its text already)."""
     headers: dict[str, str] = {SOURCE_HEADER: served.source}
     if served.conversion is not None:
         p = served.conversion.provenance
         headers["X-Tracestore-Converter"] = (
             f"{p.converter}/{p.converter_version}; losses={len(served.conversion.losses)}"
         )
-    return Response(dumps(served.data), media_type="application/json", headers=headers)
+    content = dumps(served.data) if body is None else body
+    return Response(content, media_type="application/json", headers=headers)
 
 
 @router.get(
@@ -123,9 +125,7 @@ def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
         path = ("trace", "session_trace") if wrapped else (part,)
         text = member_text(raw, path)
         if text is not None:
-            return Response(
-                text, media_type="application/json", headers={SOURCE_HEADER: served.source}
-            )
+            return _response(served, text)
     return _response(served)
 
 
