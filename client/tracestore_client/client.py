@@ -342,6 +342,10 @@ class _Core:
         body = yield from self._get_json("/v1/drift/report", params)
         return dict(body)
 
+    def _info(self) -> _Flow[dict[str, Any]]:
+        body = yield from self._get_json("/info")
+        return dict(body)
+
     def _deliver(self, records: list[bytes]) -> _Flow[list[tuple[Outcome, str]]]:
         try:
             response = yield from self._send("/v1/rollouts/batch", b"\n".join(records), _NDJSON)
@@ -557,6 +561,10 @@ class TracestoreClient(_Core):
         """The drift report's data (GET /v1/drift/report; its query parameters)."""
         return self._run(self._drift_report(params))
 
+    def info(self) -> dict[str, Any]:
+        """The server's version, backend and limits (GET /info; open without a key)."""
+        return self._run(self._info())
+
     def replay(self) -> ReplayResult:
         """Deliver the spooled rollouts now; what is not delivered stays spooled."""
         return self._run(self._replay())
@@ -691,6 +699,10 @@ class AsyncTracestoreClient(_Core):
     async def drift_report(self, **params: str) -> dict[str, Any]:
         """The drift report's data (GET /v1/drift/report; its query parameters)."""
         return await self._run(self._drift_report(params))
+
+    async def info(self) -> dict[str, Any]:
+        """The server's version, backend and limits (GET /info; open without a key)."""
+        return await self._run(self._info())
 
     async def replay(self) -> ReplayResult:
         """Deliver the spooled rollouts now; what is not delivered stays spooled."""

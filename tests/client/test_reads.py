@@ -19,6 +19,7 @@ from tracestore.client import (
     TracestoreClient,
     TracestoreHTTPError,
 )
+from tracestore.settings import Settings
 
 
 def _by_kind(examples: list[Example], kind: str) -> Example:
@@ -103,6 +104,7 @@ def test_async_reads_match_the_sync_ones(
                 "cid": await client.find_by_cid(crafter.label["correlation_id"]),
                 "runs": [r["run_id"] async for r in client.iter_runs(page_size=9)],
                 "report": await client.drift_report(days="3650"),
+                "info": await client.info(),
             }
 
     got = asyncio.run(read())
@@ -113,5 +115,7 @@ def test_async_reads_match_the_sync_ones(
         assert got["trajectories"] == client.get_trajectories(run_id)
         assert got["cid"] == client.find_by_cid(crafter.label["correlation_id"])
         assert got["runs"] == [r["run_id"] for r in client.iter_runs()]
+        assert got["info"] == client.info()
+    assert got["info"]["limits"]["max_batch_items"] == Settings().max_batch_items
     assert got["report"]["summary"]["runs"] == len(created(examples))
     assert orjson.loads(got["bytes"]) == crafter.doc

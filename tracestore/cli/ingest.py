@@ -27,9 +27,13 @@ from tracestore.ingest.files import (
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from tracestore.client import TracestoreClient
+
 BATCH_DOCS = 64
 BATCH_BYTES = 8 * 1024 * 1024
 SHOW_PROBLEMS = 20
+STATUSES = ("created", "duplicate", "conflict", "invalid")
+PROBLEMS = ("invalid", "conflict", "refused")
 
 # Shared with `tracestore demo`, which sends its examples the same way.
 UrlOption = Annotated[
@@ -57,16 +61,17 @@ class Tally:
     def record(self, item: FileItem, status: str, reason: str | None) -> None:
         """Count one item's outcome."""
         self.counts[status] += 1
-        if status in ("invalid", "conflict"):
+        if status in PROBLEMS:
             self.problems.append((status, item.where, reason or ""))
 
     def print(self) -> None:
         """Print the closing summary: counts, then the first problems with their reasons."""
         counts = self.counts
-        summary = ", ".join(
-            f"{counts[s]} {s}" for s in ("created", "duplicate", "conflict", "invalid")
-        )
-        console.print(f"{sum(counts.values())} rollouts: {summary}")
+        # `refused` (too large for the server) only appears when it happened.
+        shown = [*STATUSES, *(["refused"] if counts["refused"] else [])]
+        summary = ", ".join(f"{counts[s]} {s}" for s in shown)
+        total = sum(counts.values())
+        console.print(f"{total} rollout{'' if total == 1 else 's'}: {summary}")
         for status, where, reason in self.problems[:SHOW_PROBLEMS]:
             # Text, not markup: run ids and paths may hold brackets ('[/x]').
             line = escape(f"  {status}: {where}: {reason}")
@@ -105,20 +110,30 @@ def _items(
             progress.update(task, completed=done)
 
 
-def _batches(items: Iterator[FileItem], record: Record) -> Iterator[list[FileItem]]:
-    """Parsed items in batches of at most BATCH_DOCS / BATCH_BYTES; unparseable ones are
-    recorded as invalid on the way."""
+def _batches(
+    items: Iterator[FileItem],
+    record: Record,
+    max_docs: int = BATCH_DOCS,
+    max_bytes: int = BATCH_BYTES,
+) -> Iterator[list[FileItem]]:
+    """Parsed items in batches of at most `max_docs` items and `max_bytes` bytes (as one
+    NDJSON body: a newline between items); unparseable items are recorded as invalid, and
+    an item past `max_bytes` on its own is recorded as refused, on the way."""
     batch: list[FileItem] = []
     size = 0
     for item in items:
         if isinstance(item.value, TracestoreError):
             record(item, "invalid", item.value.message)
             continue
-        batch.append(item)
-        size += len(item.raw)
-        if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+        n = len(item.raw)
+        if n > max_bytes:
+            record(item, "refused", f"{n} bytes, past the limit of {max_bytes} a request; not sent")
+            continue
+        if batch and (len(batch) >= max_docs or size + 1 + n > max_bytes):
             yield batch
             batch, size = [], 0
+        size += n + (1 if batch else 0)
+        batch.append(item)
     if batch:
         yield batch
 
@@ -146,11 +161,49 @@ def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: Re
     route_client_logs(verbose=False)
     # A few retries ride out a server restart; a server that stays down fails the command.
     with TracestoreClient(url, api_key=api_key, max_retries=3) as client:
-        for batch in _batches(items, record):
-            body = client.post_batch([i.raw for i in batch])
-            for item, result in zip(batch, body["results"], strict=True):
-                error = result.get("error") or {}
-                record(item, result["status"], error.get("message"))
+        max_docs, max_bytes = _server_limits(client)
+        for batch in _batches(items, record, max_docs, max_bytes):
+            _post(client, batch, record)
+
+
+def _server_limits(client: TracestoreClient) -> tuple[int, int]:
+    """Batch bounds within the server's limits (GET /info), so that rollouts it takes one
+    by one are not refused together as one batch too large."""
+    from tracestore.client import TracestoreHTTPError
+
+    try:
+        limits = client.info().get("limits") or {}
+    except TracestoreHTTPError:
+        limits = {}  # a server without /info: the default bounds, and _post's halving
+    max_docs, max_bytes = limits.get("max_batch_items"), limits.get("max_body_bytes")
+    return (
+        min(BATCH_DOCS, max_docs) if isinstance(max_docs, int) and max_docs > 0 else BATCH_DOCS,
+        min(BATCH_BYTES, max_bytes)
+        if isinstance(max_bytes, int) and max_bytes > 0
+        else BATCH_BYTES,
+    )
+
+
+def _post(client: TracestoreClient, batch: list[FileItem], record: Record) -> None:
+    """Post `batch`; a batch refused as too large (413: the parsed size, say) is posted
+    again in halves, and a single rollout refused so is recorded with the server's word."""
+    from tracestore.client import TracestoreHTTPError
+
+    try:
+        body = client.post_batch([i.raw for i in batch])
+    except TracestoreHTTPError as exc:
+        if exc.status != 413:
+            raise
+        if len(batch) == 1:
+            record(batch[0], "refused", f"the server refused it: {exc}")
+            return
+        half = len(batch) // 2
+        _post(client, batch[:half], record)
+        _post(client, batch[half:], record)
+        return
+    for item, result in zip(batch, body["results"], strict=True):
+        error = result.get("error") or {}
+        record(item, result["status"], error.get("message"))
 
 
 def send(
@@ -197,9 +250,12 @@ def ingest(
 ) -> None:
     """Ingest rollout files, with a progress bar and a closing summary.
 
-    Exit status: 0 when every rollout was created or a duplicate; 2 when any was invalid or
-    conflicted with a stored rollout of the same run_id, or a file could not be read (each
-    is named as it is met; the other files are still ingested).
+    With --url, rollouts go in batches within the server's limits (GET /info); one the
+    server will not take even alone (too large) is counted as refused.
+
+    Exit status: 0 when every rollout was created or a duplicate; 2 when any was invalid,
+    refused or conflicted with a stored rollout of the same run_id, or a file could not be
+    read (each is named as it is met; the other files are still ingested).
     """
     # TRACESTORE_URL as the read verbs take it: exported for them, it was ignored here, and
     # the rollouts went to a new local store while the summary said "created".
@@ -224,9 +280,16 @@ def ingest(
         # Piped or logged, a bar is noise: the summary says it all.
         disable=not err_console.is_terminal,
     )
-    with reported_errors(), progress:
-        items = _items(list(expand_paths(paths)), progress, unreadable)
-        send(items, tally.record, db=db, url=url, api_key=api_key)
+    try:
+        with reported_errors(), progress:
+            items = _items(list(expand_paths(paths)), progress, unreadable)
+            send(items, tally.record, db=db, url=url, api_key=api_key)
+    except typer.Exit:
+        # Stopped part-way (the server refused or went away): what was done still counts.
+        if tally.counts:
+            tally.print()
+            console.print("stopped at the error above: the rollouts after these were not sent")
+        raise
     tally.print()
     if unreadable:
         n = len(unreadable)
