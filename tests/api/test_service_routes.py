@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import Example
 from tracestore.db import migrate
 
 
@@ -40,6 +41,49 @@ def test_unknown_route_and_method_use_the_error_shape(http: httpx.Client) -> Non
         "message": "no rollout with run_id 'nope'",
         "run_id": "nope",
     }
+
+
+def test_head_answers_every_get_route_as_its_get_without_the_body(
+    http: httpx.Client, examples: list[Example]
+) -> None:
+    # Load balancers' health checks and `curl -I` send HEAD; FastAPI's GET routes said 405.
+    ex = next(e for e in examples if e.label["expect_status"] == "created")
+    assert http.post("/v1/rollouts", content=ex.raw).status_code == 201
+    run_id, cid = ex.label["run_id"], ex.label["correlation_id"]
+    paths = [
+        "/health",
+        "/info",
+        "/openapi.json",
+        f"/v1/rollouts/{run_id}",  # a lean route
+        f"/v1/correlations/{cid}",  # a lean route
+        f"/v1/rollouts/{run_id}/trace",
+        "/v1/rollouts?limit=1",
+        "/v1/rollouts/no-such-run",
+    ]
+    for path in paths:
+        get, head = http.get(path), http.head(path)
+        assert head.status_code == get.status_code, path
+        assert head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        assert int(head.headers["content-length"]) == len(get.content), path
+    assert http.head("/v1/rollouts/no-such-run").status_code == 404
+
+
+def test_a_405_names_every_method_of_its_path(http: httpx.Client) -> None:
+    # Starlette named only the first route of a path: GET and POST on /v1/rollouts said
+    # `Allow: POST`, and the run route left out DELETE.
+    cases = {
+        ("DELETE", "/v1/rollouts"): "GET, HEAD, POST",
+        ("PUT", "/v1/rollouts/some-run"): "DELETE, GET, HEAD",
+        ("POST", "/v1/correlations/some-cid"): "GET, HEAD",
+        ("POST", "/health"): "GET, HEAD",
+        ("GET", "/v1/convert"): "POST",
+    }
+    for (method, path), allow in cases.items():
+        answer = http.request(method, path)
+        assert answer.status_code == 405, (method, path)
+        assert answer.headers["allow"] == allow, (method, path)
+        assert answer.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_openapi_describes_every_route_and_its_errors(http: httpx.Client) -> None:

@@ -15,6 +15,7 @@ from tracestore import __version__
 from tracestore.api import limits
 from tracestore.api.deps import AppState, require_api_key, require_metrics_key
 from tracestore.api.errors import install_error_handlers
+from tracestore.api.head import HeadAsGet
 from tracestore.api.observability import Observability, ObservabilityMiddleware
 from tracestore.api.overload import Lanes
 from tracestore.api.pages.install import install as install_pages
@@ -138,6 +139,7 @@ def create_app(
     install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)
     app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
     app.add_middleware(ObservabilityMiddleware, state=observability)
+    app.add_middleware(HeadAsGet)  # added last: the outermost
 
     def openapi() -> dict[str, Any]:
         # Rollout bodies are read raw (to store them as received), so FastAPI does not see

@@ -12,6 +12,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match, Mount
 
 from tracestore import errors
 from tracestore.api.overload import ANALYTICS_LANE, BUSY_RETRY_AFTER, DatabaseBusy, ParsingBusy
@@ -102,11 +103,35 @@ async def _validation(_request: Request, exc: Exception) -> JSONBody:
     )
 
 
-async def _http(_request: Request, exc: Exception) -> JSONBody:
+async def _http(request: Request, exc: Exception) -> JSONBody:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return JSONBody(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    allow = allowed_methods(request) if exc.status_code == 405 else None
+    if allow:
+        headers = {**(headers or {}), "Allow": allow}
+    return JSONBody(error_body(code, message), status_code=exc.status_code, headers=headers)
+
+
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str | None:
+    """Every method the app answers on the request's path, for a 405's `Allow`."""
+    # Starlette's router names only the first route of the path in its 405 (a path with
+    # GET and POST routes said `Allow: POST`). Each method is tried on the routes as the
+    # router tries it (FastAPI nests included routers, so the routes are not a flat list);
+    # mounts answer any method and are left out.
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    methods = [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+    if "GET" in methods:
+        methods.append("HEAD")  # api/head.py
+    return ", ".join(sorted(methods)) or None
 
 
 # Seconds a client should wait after a 503 from a database that is busy or unreachable.
