@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -128,6 +129,29 @@ def test_serve_refuses_a_port_outside_the_range(place: Path, port: str) -> None:
     assert done.exit_code == 2, done.stderr
     assert "--port" in done.stderr
     assert not (place / "x.db").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_taken_port_or_an_unknown_host_is_one_line(place: Path, workers: str) -> None:
+    # uvicorn printed its start-up lines after the banner, then the bind's errno, exit 3.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        for host, expect in [
+            ("127.0.0.1", f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+            ("no-such-host.invalid", f"cannot listen on no-such-host.invalid:{port}: "),
+        ]:
+            args = ["serve", "--host", host, "--port", port, "--workers", workers]
+            done = subprocess.run(
+                [TRACESTORE, *args, "--db", _db(place / "served.db")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 2, (host, done.stdout, done.stderr)
+            assert done.stderr.startswith("error: " + expect), done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+            assert "tracestore" not in done.stdout, done.stdout  # no banner: nothing served
 
 
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:

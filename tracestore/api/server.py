@@ -335,16 +335,23 @@ def _worker_socket(family: int, address: Any) -> socket.socket:
     return sock
 
 
+def check_address(host: str, port: int) -> int:
+    """The address family of `host:port`, once a plain bind there has worked: OSError when
+    the address is taken (EADDRINUSE), not this machine's, or the name does not resolve."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        probe.bind((host, port))
+    return family
+
+
 def reserve_address(host: str, port: int) -> socket.socket:
     """The supervisor's socket for `host:port` (OSError when the address is taken).
 
     A plain bind first: SO_REUSEPORT alone would let a second tracestore server start on
     the port of a running one and share its connections.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))  # EADDRINUSE when anything listens there
+    family = check_address(host, port)
     sock = _WorkerListeners(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     _reuse_port(sock)
     sock.bind((host, port))

@@ -28,6 +28,7 @@ from tracestore.cli.common import (
     TracestoreGroup,
     UntilOption,
     console,
+    fail,
     open_store,
     reported_errors,
     settings_for,
@@ -101,7 +102,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the HTTP API (a new SQLite database file is created and migrated first)."""
-    from tracestore.api.server import run_server
+    from tracestore.api.server import check_address, run_server
     from tracestore.db import migrate
     from tracestore.reports.memory import check_memory_limit
 
@@ -117,6 +118,12 @@ def serve(
         else:
             engine = open_store(db, create_new_sqlite=True)
         engine.dispose()
+    try:
+        # Said before the banner: uvicorn would print its start-up lines, then the bind's
+        # errno, and exit 3.
+        check_address(host, port)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     # Workers are separate processes: they read the same settings from the environment.
     os.environ["TRACESTORE_DATABASE_URL"] = settings.database_url
     console.print(
