@@ -66,3 +66,13 @@ def parse_optional(text: str | None, *, name: str, now: datetime | None = None) 
     if not text:
         return None
     return parse_when(text, name=name, now=now)
+
+
+def check_order(since: datetime | None, until: datetime | None) -> None:
+    """Refuse a window whose `since` is not before its `until` (it would select nothing)."""
+    if since is not None and until is not None and since >= until:
+        raise InvalidRequest(
+            f"since ({since.isoformat()}) must be before until ({until.isoformat()})",
+            since=since.isoformat(),
+            until=until.isoformat(),
+        )

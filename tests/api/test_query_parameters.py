@@ -120,6 +120,25 @@ def test_the_window_routes_take_durations(http: httpx.Client, path: str) -> None
     assert response.status_code == 200, response.text
 
 
+def test_a_since_not_before_until_is_refused_on_every_route_that_takes_both(
+    http: httpx.Client,
+) -> None:
+    # The reports and the drift window refused it; the list (and through it datasets and
+    # the inspector) answered nothing without a word.
+    windowed = [
+        path for method, path, names in _operations(http) if {"since", "until"} <= names
+    ]
+    assert {"/v1/rollouts", "/v1/drift", "/v1/reports/returns"} <= set(windowed)
+    for path in windowed:
+        for since, until in [("1d", "2d"), ("2025-01-02", "2025-01-02")]:
+            response = http.get(path, params={"since": since, "until": until})
+            assert response.status_code == 422, (path, since, until, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "invalid_request"
+            assert "must be before until" in error["message"], (path, error)
+        assert http.get(path, params={"since": "2d", "until": "1d"}).status_code == 200, path
+
+
 # --- cursors past 64 bits ----------------------------------------------------------------------
 
 

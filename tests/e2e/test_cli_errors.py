@@ -154,6 +154,21 @@ def test_serve_on_a_taken_port_or_an_unknown_host_is_one_line(place: Path, worke
             assert "tracestore" not in done.stdout, done.stdout  # no banner: nothing served
 
 
+@pytest.mark.parametrize(
+    "verb",
+    [["runs"], ["dataset", "create", "later"], ["drift"], ["report", "returns"], ["export"]],
+    ids=lambda v: "-".join(v),
+)
+def test_a_since_not_before_until_is_refused_by_every_verb(place: Path, verb: list[str]) -> None:
+    # `runs` and `dataset create` selected nothing without a word (a dataset of no runs
+    # was then refused as empty); the reports said it.
+    args = [*verb, "--since", "1d", "--until", "2d", "--db", _db(place / "store.db")]
+    if verb == ["export"]:
+        args.append(str(place / "never-written"))
+    one_line_error(args, "must be before until")
+    assert not (place / "never-written").exists()
+
+
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:
     # "internal error: CommandError", and `upgrade` had made an empty store (an Alembic
     # version table only) that every verb then called out of date.

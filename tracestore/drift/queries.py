@@ -34,6 +34,7 @@ from tracestore.store.documents import load_documents
 from tracestore.store.drift import as_date, has_drift_clause, utc_day
 from tracestore.store.runs import KEY_LIMIT, MAX_LIMIT, RunFilter
 from tracestore.store.runs import filtered as filtered_runs  # the list's filters, reused
+from tracestore.timewindow import check_order
 from tracestore.vocabulary import DRIFT_KINDS
 
 DEFAULT_WINDOW_DAYS = 30
@@ -76,8 +77,7 @@ def window(
         start = since or end - timedelta(days=days)
     except OverflowError:  # `days` before an `until` near the calendar's start
         start = datetime.min.replace(tzinfo=UTC)
-    if start >= end:
-        raise InvalidRequest("since must be before until", since=start, until=end)
+    check_order(start, end)
     return start, end
 
 

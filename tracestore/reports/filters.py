@@ -10,7 +10,7 @@ from tracestore.errors import InvalidRequest
 
 # The time grammar is shared with the API and the command line (tracestore/timewindow.py);
 # these names stay importable from here.
-from tracestore.timewindow import WHEN_HELP, parse_when
+from tracestore.timewindow import WHEN_HELP, check_order, parse_when
 
 __all__ = ["WHEN_HELP", "Filters", "parse_when"]
 
@@ -24,10 +24,7 @@ class Filters:
     env: str | None = None
 
     def __post_init__(self) -> None:
-        if self.since is not None and self.until is not None and self.since >= self.until:
-            raise InvalidRequest(
-                f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
-            )
+        check_order(self.since, self.until)
 
     @classmethod
     def parse(cls, since: str | None, until: str | None, env: str | None) -> Filters:

@@ -28,6 +28,7 @@ from tracestore.models import Run, RunDocument, Trajectory
 from tracestore.models.drift import DriftFinding
 from tracestore.store.documents import decompress_document, load_document
 from tracestore.store.drift import drift_kinds_for, has_drift_clause, kinds_by_run
+from tracestore.timewindow import check_order
 from tracestore.wire.trace import TRACE_KINDS
 
 MAX_LIMIT = 1000
@@ -75,6 +76,9 @@ class RunFilter:
                 f"trace_kind is one of {', '.join(TRACE_KINDS)}, not {self.trace_kind!r}",
                 trace_kind=self.trace_kind,
             )
+        # Refused as the reports refuse it: the list, datasets and the inspector gave
+        # nothing without a word.
+        check_order(self.since, self.until)
 
 
 # The look-ups' statements are built once and executed with parameters on the session's
