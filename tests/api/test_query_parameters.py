@@ -125,9 +125,7 @@ def test_a_since_not_before_until_is_refused_on_every_route_that_takes_both(
 ) -> None:
     # The reports and the drift window refused it; the list (and through it datasets and
     # the inspector) answered nothing without a word.
-    windowed = [
-        path for method, path, names in _operations(http) if {"since", "until"} <= names
-    ]
+    windowed = [path for method, path, names in _operations(http) if {"since", "until"} <= names]
     assert {"/v1/rollouts", "/v1/drift", "/v1/reports/returns"} <= set(windowed)
     for path in windowed:
         for since, until in [("1d", "2d"), ("2025-01-02", "2025-01-02")]:
