@@ -68,6 +68,11 @@ def parse_optional(text: str | None, *, name: str, now: datetime | None = None) 
     return parse_when(text, name=name, now=now)
 
 
+# The drift window's `days` (API and CLI alike): a month by default, at most ten years.
+DEFAULT_WINDOW_DAYS = 30
+MAX_WINDOW_DAYS = 3660
+
+
 def check_order(since: datetime | None, until: datetime | None) -> None:
     """Refuse a window whose `since` is not before its `until` (it would select nothing)."""
     if since is not None and until is not None and since >= until:

@@ -169,6 +169,14 @@ def test_a_since_not_before_until_is_refused_by_every_verb(place: Path, verb: li
     assert not (place / "never-written").exists()
 
 
+@pytest.mark.parametrize("where", ["--db", "--url"])
+def test_drift_days_have_the_apis_bounds_whatever_answers(place: Path, where: str) -> None:
+    # --db took any number of days, --url refused past 3660 (the route's bound).
+    target = _db(place / "store.db") if where == "--db" else "http://127.0.0.1:1"
+    one_line_error(["drift", "--days", "3661", where, target], "less than or equal to 3660")
+    one_line_error(["drift", "--days", "0", where, target], "greater than or equal to 1")
+
+
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:
     # "internal error: CommandError", and `upgrade` had made an empty store (an Alembic
     # version table only) that every verb then called out of date.

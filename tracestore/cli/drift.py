@@ -21,6 +21,7 @@ from tracestore.cli.common import (
     settings_for,
 )
 from tracestore.cli.remote import ReadKeyOption, ReadUrlOption, remote_client, server_url
+from tracestore.timewindow import DEFAULT_WINDOW_DAYS, MAX_WINDOW_DAYS
 
 
 class Format(StrEnum):
@@ -118,8 +119,13 @@ def drift(
         str | None, typer.Option(help="Runs received before this time (default: now).")
     ] = None,
     days: Annotated[
-        int, typer.Option(min=1, help="Without --since: report on the last DAYS days.")
-    ] = 30,
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_WINDOW_DAYS,  # as the API's `days`: --url and --db take the same
+            help="Without --since: report on the last DAYS days.",
+        ),
+    ] = DEFAULT_WINDOW_DAYS,
     env: Annotated[
         str | None, typer.Option("--env", help="Only runs with a trajectory of this env_id.")
     ] = None,

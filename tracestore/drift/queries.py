@@ -34,10 +34,9 @@ from tracestore.store.documents import load_documents
 from tracestore.store.drift import as_date, has_drift_clause, utc_day
 from tracestore.store.runs import KEY_LIMIT, MAX_LIMIT, RunFilter
 from tracestore.store.runs import filtered as filtered_runs  # the list's filters, reused
-from tracestore.timewindow import check_order
+from tracestore.timewindow import DEFAULT_WINDOW_DAYS, check_order
 from tracestore.vocabulary import DRIFT_KINDS
 
-DEFAULT_WINDOW_DAYS = 30
 WORST_RUNS = 10
 FINDINGS_PER_WORST_RUN = 5
 

@@ -30,7 +30,6 @@ from tracestore.drift import DRIFT_KINDS
 from tracestore.drift.gates import DEFAULT_MIN_TRACE_SHARE, migration_status, report_data
 from tracestore.drift.models import DriftReport, DriftSummaryPage, MigrationStatus, RunDrift
 from tracestore.drift.queries import (
-    DEFAULT_WINDOW_DAYS,
     DriftFilter,
     findings_page,
     metric_figures,
@@ -41,6 +40,7 @@ from tracestore.drift.queries import (
 from tracestore.drift.report import render_html
 from tracestore.metrics import CONTENT_TYPE
 from tracestore.store.runs import MAX_LIMIT, RunFilter
+from tracestore.timewindow import DEFAULT_WINDOW_DAYS, MAX_WINDOW_DAYS
 
 log = logging.getLogger("tracestore.api")
 
@@ -62,7 +62,11 @@ KindQuery = Annotated[
 ]
 DaysQuery = Annotated[
     int,
-    Query(ge=1, le=3660, description="Without `since`: the window is the last `days` days."),
+    Query(
+        ge=1,
+        le=MAX_WINDOW_DAYS,
+        description="Without `since`: the window is the last `days` days.",
+    ),
 ]
 BudgetQuery = Annotated[
     float | None,

@@ -13,13 +13,13 @@ from tracestore.api.params import RunFilterDep, RunIdPath
 from tracestore.api.routes.drift import BudgetQuery, DaysQuery, KindQuery, drift_report
 from tracestore.api.schemas import error_responses
 from tracestore.drift.models import DriftReport
-from tracestore.drift.queries import DEFAULT_WINDOW_DAYS
 from tracestore.inspect.models import PANELS, Panel, RunInspection
 from tracestore.inspect.run import (
     MAX_POSITION,
     MAX_STEPS_PER_PAGE,
     STEPS_PER_PAGE,
 )
+from tracestore.timewindow import DEFAULT_WINDOW_DAYS
 
 router = APIRouter(prefix="/v1", tags=["inspector"])
 
