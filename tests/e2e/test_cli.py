@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import shutil
@@ -53,6 +54,38 @@ def test_help_on_every_verb() -> None:
         done = run(*verb, "--help")
         assert done.returncode == 0, done.stderr
         assert "Usage" in done.stdout
+
+
+def _verbs() -> list[list[str]]:
+    import click
+    import typer.main
+
+    from tracestore.cli.main import app
+
+    def walk(command: click.Command, path: list[str]) -> list[list[str]]:
+        subs = getattr(command, "commands", {})
+        return [path] + [v for name, sub in subs.items() for v in walk(sub, [*path, name])]
+
+    return walk(typer.main.get_command(app), [])
+
+
+def test_every_verbs_help_fills_an_80_column_terminal() -> None:
+    # Typer kept a docstring's single line breaks, so a paragraph wrapped at 88 columns came
+    # out ragged at 80: "every" / "row of" / "a run has its run's day". Wrapped afresh, a
+    # line of a paragraph ends only where the next line's first word would not fit.
+    verbs = _verbs()
+    assert ["export"] in verbs
+    assert ["dataset", "create"] in verbs
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    for verb in verbs:
+        done = run(*verb, "--help", env=env)
+        assert done.returncode == 0, (verb, done.stderr)
+        text = done.stdout.split("\u256d", 1)[0]  # the description, before the first box
+        lines = [line.strip() for line in text.splitlines()]
+        for this, after in itertools.pairwise(lines):
+            if this and after and not this.startswith("Usage:"):
+                room = 78 - len(this) - 1
+                assert len(after.split()[0]) > room, (verb, this, after)
 
 
 def test_ingest_show_cid_on_a_new_sqlite_file(tmp_path: Path, examples: list[Example]) -> None:

@@ -8,6 +8,7 @@ rest are imported inside the functions that need them.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import sys
@@ -286,6 +287,7 @@ class TracestoreGroup(TyperGroup):
         **extra: Any,
     ) -> Any:
         """Parse and run; a usage error is one line naming the --help to read."""
+        reflow_help(self)
         run = functools.partial(
             super().main, args, prog_name, complete_var, windows_expand_args=windows_expand_args
         )
@@ -314,6 +316,22 @@ class TracestoreGroup(TyperGroup):
             err_console.print("[bold red]error:[/] aborted", highlight=False)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def reflow_help(command: Any) -> None:
+    """Join the single line breaks of `command`'s help paragraphs, and its verbs'.
+
+    Typer (0.29) keeps them in every paragraph after the first, so a docstring wrapped at
+    88 columns came out ragged on an 80-column terminal ("row of" / "a run has").
+    Paragraphs stay apart; a paragraph marked with click's `\\b` keeps its lines.
+    """
+    if command.help:
+        command.help = "\n\n".join(
+            p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+            for p in inspect.cleandoc(command.help).split("\n\n")
+        )
+    for sub in getattr(command, "commands", {}).values():
+        reflow_help(sub)
 
 
 Verb = Callable[..., None]
