@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -57,12 +58,11 @@ def test_help_on_every_verb() -> None:
 
 
 def _verbs() -> list[list[str]]:
-    import click
     import typer.main
 
     from tracestore.cli.main import app
 
-    def walk(command: click.Command, path: list[str]) -> list[list[str]]:
+    def walk(command: Any, path: list[str]) -> list[list[str]]:
         subs = getattr(command, "commands", {})
         return [path] + [v for name, sub in subs.items() for v in walk(sub, [*path, name])]
 
