@@ -85,6 +85,10 @@ class _Ticket:
     responded: bool = False  # the app (or we) started the response
     cut: bool = False  # we refused it mid-stream and answered for it
     gone: bool = False  # the client disconnected
+    # The task waiting for the body's next piece, and since when (the sweep's to cut).
+    waiter: asyncio.Task[object] | None = None
+    waiting_since: float = 0.0
+    expired: bool = False  # the sweep cancelled the wait: a stalled body, not a cancel
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -166,6 +170,13 @@ class InflightLimit:
         self.timed_out = 0
         # Requests in flight, oldest first (dicts keep insertion order).
         self._live: dict[int, _Ticket] = {}
+        # Stalled bodies are found by one sweep of the requests in flight every `_tick`
+        # seconds while any is in flight, not by a timer per wait: asyncio.timeout around
+        # each receive cost ~7 us of a small post's ~31 us in the app (a timer made,
+        # pushed on the loop's heap and cancelled for every post; bench/README.md item 24).
+        self._tick = min(1.0, body_timeout / 10)
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_loop: asyncio.AbstractEventLoop | None = None
 
     def _fits(self, ticket: _Ticket, more: int) -> bool:
         oldest = next(iter(self._live.values()), ticket)
@@ -188,6 +199,40 @@ class InflightLimit:
                     f"below the floor of {self.body_min_rate} bytes/s"
                 )
         return None
+
+    def _swept(self) -> None:
+        """Cut the body waits that have waited past `body_timeout`; again while any request
+        is in flight."""
+        self._sweep = None
+        now = time.monotonic()
+        for ticket in self._live.values():
+            waiter = ticket.waiter
+            if waiter is not None and now - ticket.waiting_since > self.body_timeout:
+                ticket.expired = True
+                ticket.waiter = None
+                waiter.cancel()
+        if self._live:
+            self._sweep = asyncio.get_running_loop().call_later(self._tick, self._swept)
+
+    async def _wait(self, ticket: _Ticket, receive: Receive) -> Message | None:
+        """The next message of a body still arriving; None when it stalled past the
+        timeout (uvicorn has none for bodies)."""
+        task = asyncio.current_task()
+        assert task is not None
+        # A sweep armed on another loop (an app served again on a new one) never comes.
+        if self._sweep is None or self._sweep_loop is not task.get_loop():
+            self._sweep_loop = task.get_loop()
+            self._sweep = self._sweep_loop.call_later(self._tick, self._swept)
+        ticket.waiter, ticket.waiting_since = task, time.monotonic()
+        try:
+            return await receive()
+        except asyncio.CancelledError:
+            # Ours only when no one else cancelled the task too (as asyncio.timeout tells).
+            if ticket.expired and task.uncancel() == 0:
+                return None
+            raise
+        finally:
+            ticket.waiter = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI call, charging and releasing its body bytes."""
@@ -222,21 +267,12 @@ class InflightLimit:
                 await send(answer[1])
             return {"type": "http.disconnect"}
 
-        async def next_message() -> Message | None:
-            # The next message, or None when the body stalled past the timeout (uvicorn
-            # has none for bodies). After the body only a disconnect is left to come.
-            if ticket.body_done or ticket.cut:
-                return await receive()
-            # asyncio's own timeout: anyio's cancel scope cost ~5% of a small post's CPU
-            # (bench/README.md item 14); uvicorn serves on asyncio only.
-            try:
-                async with asyncio.timeout(self.body_timeout):
-                    return await receive()
-            except TimeoutError:
-                return None
-
         async def counted_receive() -> Message:
-            message = await next_message()
+            # After the body only a disconnect is left to come: no timeout.
+            if ticket.body_done or ticket.cut:
+                message: Message | None = await receive()
+            else:
+                message = await self._wait(ticket, receive)
             if message is None:
                 self.timed_out += 1
                 stalled = f"the request body stalled: nothing arrived for {self.body_timeout:g} s"
