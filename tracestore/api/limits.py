@@ -91,18 +91,23 @@ class _Ticket:
     expired: bool = False  # the sweep cancelled the wait: a stalled body, not a cancel
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def _body_head(scope: Scope) -> tuple[int | None, bool, bytes]:
+    """The head's word on the body, in one pass over the headers: its declared length
+    (None when absent or unreadable), whether it is chunked, and its encoding."""
+    length: bytes | None = None
+    chunked = False
+    encoding = b""
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return bytes(value)
-    return None
-
-
-def _declared_length(scope: Scope) -> int | None:
-    value = _header(scope, b"content-length")
-    if value is None or not value.strip().isdigit():
-        return None
-    return int(value)
+        name = key.lower()
+        if name == b"content-length":
+            length = value
+        elif name == b"transfer-encoding":
+            chunked = True
+        elif name == b"content-encoding":
+            encoding = value.strip().lower()
+    if length is None or not length.strip().isdigit():
+        return None, chunked, encoding
+    return int(length), chunked, encoding
 
 
 def _refusal(
@@ -240,10 +245,9 @@ class InflightLimit:
             await self.app(scope, receive, send)
             return
         ticket = _Ticket()
-        declared = _declared_length(scope)
-        if not declared and _header(scope, b"transfer-encoding") is None:
+        declared, chunked, encoding = _body_head(scope)
+        if not declared and not chunked:
             ticket.body_done = True  # no body to wait for (every GET)
-        encoding = (_header(scope, b"content-encoding") or b"").strip().lower()
         if encoding in _GZIP:
             ticket.meter = _GzipMeter(stop_after=self.max_body)
         # A declared body past the body limit is refused (413) before any of it is read,

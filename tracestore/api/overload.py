@@ -249,15 +249,17 @@ class ParseBudget:
         nothing comes between this answer and a `hold` entered right after it)."""
         return not self.held or self.held + charge <= self.limit
 
-    @asynccontextmanager
-    async def hold(
+    def hold(
         self, charge: int, exact: Callable[[], int] | None = None, *, wait: float | None = None
-    ) -> AsyncIterator[None]:
+    ) -> _Held:
         """Hold `charge` bytes of the budget while the block runs, waiting for room at
         most `wait` seconds (the budget's wait by default). `exact` gives a smaller
         charge at a cost (the body's estimate, where `charge` is its upper bound): asked
         only when `charge` does not fit. (A request never waits for more while it holds
         some: two doing so at once would keep each other out.)"""
+        return _Held(self, charge, exact, wait)
+
+    async def _enter(self, charge: int, exact: Callable[[], int] | None, wait: float | None) -> int:
         charge = self.settle(charge, exact)
         if self.held and self.held + charge > self.limit:
             wait = self.wait if wait is None else wait
@@ -273,16 +275,37 @@ class ParseBudget:
             if self.held and self.held + charge > self.limit:
                 raise ParsingBusy(wait)
         self.held += charge
-        try:
-            yield
-        finally:
-            self.held -= charge
-            if self._waiting:
-                # Wake every waiter: each checks whether its own charge fits now. (Only
-                # then a new Event: making one per request showed in a small post's
-                # profile.)
-                self._room.set()
-                self._room = anyio.Event()
+        return charge
+
+    def _exit(self, charge: int) -> None:
+        self.held -= charge
+        if self._waiting:
+            # Wake every waiter: each checks whether its own charge fits now. (Only then a
+            # new Event: making one per request showed in a small post's profile.)
+            self._room.set()
+            self._room = anyio.Event()
+
+
+class _Held:
+    """`ParseBudget.hold`'s context: a class, not an @asynccontextmanager, whose generator
+    and wrapper cost a small post ~1 us (bench/README.md item 24)."""
+
+    __slots__ = ("_budget", "_charge", "_exact", "_wait")
+
+    def __init__(
+        self,
+        budget: ParseBudget,
+        charge: int,
+        exact: Callable[[], int] | None,
+        wait: float | None,
+    ) -> None:
+        self._budget, self._charge, self._exact, self._wait = budget, charge, exact, wait
+
+    async def __aenter__(self) -> None:
+        self._charge = await self._budget._enter(self._charge, self._exact, self._wait)
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._budget._exit(self._charge)
 
 
 class Lanes:
