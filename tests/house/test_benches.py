@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # module: arguments ({tmp} is a scratch directory of the test's).
 SMALL_RUNS: dict[str, list[str]] = {
+    "app_overhead": ["--posts", "200", "--rounds", "1"],
     "analytics_load": ["--db", "sqlite", "--steps", "2000", "--seconds", "2"],
     "analytics_memory": ["--db", "sqlite", "--steps", "5000"],
     "cli_startup": ["--runs", "2"],

@@ -24,7 +24,12 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 def media_type(request: Request) -> str:
     """The request's Content-Type without parameters, lower-cased ('' when absent)."""
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    # The raw headers (as _encoding reads them): `request.headers` builds a Headers object.
+    value: bytes
+    for name, value in request.scope["headers"]:
+        if name == b"content-type":
+            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+    return ""
 
 
 JSON_TYPES = ("", "application/json", "text/json")

@@ -177,8 +177,8 @@ class InflightLimit:
         self._live: dict[int, _Ticket] = {}
         # Stalled bodies are found by one sweep of the requests in flight every `_tick`
         # seconds while any is in flight, not by a timer per wait: asyncio.timeout around
-        # each receive cost ~7 us of a small post's ~31 us in the app (a timer made,
-        # pushed on the loop's heap and cancelled for every post; bench/README.md item 24).
+        # each receive cost ~5 of the ~23 us the app spent around a small post (a timer
+        # made, pushed on the loop's heap and cancelled per post; bench/README.md item 24).
         self._tick = min(1.0, body_timeout / 10)
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_loop: asyncio.AbstractEventLoop | None = None
