@@ -35,6 +35,25 @@ def dumps(value: Any, *, indent: bool = False) -> bytes:
         ).encode()
 
 
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    Decimal: "a number",
+    type(None): "null",
+}
+
+
+def json_type(value: object) -> str:
+    """What a parsed JSON value is, in JSON's words ("an array", "null"), for messages."""
+    return _JSON_TYPES.get(type(value)) or (
+        "an object" if isinstance(value, Mapping) else type(value).__name__
+    )
+
+
 def member(obj: object, key: str) -> Any:
     """`obj[key]` when `obj` is an object (a mapping), else None: reading parsed JSON that
     may hold anything where an object is expected."""

@@ -119,6 +119,30 @@ def test_refused_with_the_right_error_and_nothing_written(
     assert set(row_counts(engine).values()) == {0}
 
 
+def test_messages_name_json_types_not_python_ones(http: httpx.Client) -> None:
+    # They said "got NoneType", "got str": Python's names for JSON's null and strings.
+    cases = [
+        (b'"a string"', "a RolloutResponse is a JSON object, not a string"),
+        (b"null", "a RolloutResponse is a JSON object, not null"),
+        (
+            orjson.dumps(_with(("trace",), {"event_history": [{"reward": "x"}]})),
+            "expected a number or null, got a string",
+        ),
+        (
+            orjson.dumps(_with(("trace",), {"event_history": [{"terminated": [1]}]})),
+            "expected true, false or null, got an array",
+        ),
+    ]
+    for body, needle in cases:
+        response = http.post("/v1/rollouts", content=body)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        messages = [error["message"], *(e["message"] for e in error.get("errors", []))]
+        assert any(needle in m for m in messages), (needle, messages)
+        for python_name in ("NoneType", " str", " list", " dict", " bool", " int", " float"):
+            assert not any(m.endswith(python_name) for m in messages), messages
+
+
 def test_wrong_content_type_is_415(http: httpx.Client, engine: Engine) -> None:
     response = http.post(
         "/v1/rollouts", content=orjson.dumps(_valid()), headers={"Content-Type": "text/plain"}

@@ -8,7 +8,7 @@ import orjson
 from pydantic import ValidationError
 
 from tracestore.errors import InvalidJSON, InvalidRollout
-from tracestore.jsontext import first_repeated_key, repeats_keys, split_array
+from tracestore.jsontext import first_repeated_key, json_type, repeats_keys, split_array
 from tracestore.wire.rollout import RolloutIn
 
 
@@ -78,7 +78,7 @@ def validate_rollout(doc: object) -> dict[str, Any]:
     if not isinstance(doc, dict):
         hint = " (post JSON arrays to /v1/rollouts/batch)" if isinstance(doc, list) else ""
         raise InvalidRollout(
-            f"a RolloutResponse is a JSON object, got {type(doc).__name__}{hint}",
+            f"a RolloutResponse is a JSON object, not {json_type(doc)}{hint}",
             errors=[{"path": "(document)", "message": "expected an object"}],
         )
     run_id = doc.get("run_id")

@@ -11,6 +11,7 @@ from typing import Any
 
 from tracestore.correlation import Resolution
 from tracestore.errors import InvalidRollout
+from tracestore.jsontext import json_type
 from tracestore.store.rollouts import RolloutRows, TraceRows
 from tracestore.wire.datetimes import parse_datetime
 from tracestore.wire.trace import Placed, classify_trace, infer_event_type, view_trace
@@ -100,7 +101,7 @@ class _Typer:
         self.errors.append(
             {
                 "path": f"{path}{suffix}",
-                "message": f"expected {expected}, got {type(value).__name__}",
+                "message": f"expected {expected}, got {json_type(value)}",
             }
         )
 
