@@ -88,6 +88,23 @@ def test_every_verbs_help_fills_an_80_column_terminal() -> None:
                 assert len(after.split()[0]) > room, (verb, this, after)
 
 
+def test_piped_output_has_no_progress_bars_and_unwrapped_lines(tmp_path: Path) -> None:
+    # Piped, `backfill` and `drift --recompute` wrote their progress bars to stderr, and
+    # a summary longer than 80 columns came out in two lines (a `grep` found half).
+    db = f"sqlite:///{tmp_path / 'piped.db'}"
+    assert run("demo", "--db", db).returncode == 0
+    for verb in (["backfill"], ["drift", "--recompute"]):
+        done = run(*verb, "--db", db)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # The bars' lines: "backfill ━━━ 6/6 0:00:00", "recomputing drift ━━━ ...".
+        assert "\u2501" not in done.stderr, done.stderr
+        if verb == ["backfill"]:
+            line = done.stdout.splitlines()[0]
+            assert line.startswith("backfill: "), done.stdout
+            assert len(line) > 80, line  # (else this checks nothing)
+            assert line.endswith("still pending"), done.stdout
+
+
 def test_ingest_show_cid_on_a_new_sqlite_file(tmp_path: Path, examples: list[Example]) -> None:
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     gz = tmp_path / "rollouts.jsonl.gz"

@@ -33,9 +33,21 @@ if TYPE_CHECKING:
 
     from tracestore.settings import Settings
 
+
+class _Console(Console):
+    """Rich's console; written to a pipe or a file, a line of text stays one line."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+        """Print as Rich does; off a terminal, text is not wrapped at 80 columns (a
+        summary cut in two lines defeated `grep` and scripts)."""
+        if soft_wrap is None and not self.is_terminal:
+            soft_wrap = True
+        super().print(*objects, soft_wrap=soft_wrap, **options)
+
+
 # No emoji codes: `NAME:KEY:admin` or a run id holding `:fire:` print as written.
-err_console = Console(stderr=True, emoji=False)
-console = Console(emoji=False)
+err_console = _Console(stderr=True, emoji=False)
+console = _Console(emoji=False)
 
 DbOption = Annotated[
     str | None,

@@ -260,6 +260,7 @@ def backfill(
             MofNCompleteColumn(),
             TimeRemainingColumn(),
             console=err_console,
+            disable=not err_console.is_terminal,  # piped or logged, the summary says it
         )
         with progress:
             task = progress.add_task("backfill", total=total_runs)

@@ -60,6 +60,7 @@ def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_si
         MofNCompleteColumn(),
         TimeRemainingColumn(),
         console=err_console,
+        disable=not err_console.is_terminal,  # piped or logged, the summary says it
     )
     with progress:
         task = progress.add_task("recompute", total=None)
