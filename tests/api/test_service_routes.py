@@ -67,6 +67,18 @@ def test_head_answers_every_get_route_as_its_get_without_the_body(
         assert head.headers["content-type"] == get.headers["content-type"], path
         assert int(head.headers["content-length"]) == len(get.content), path
     assert http.head("/v1/rollouts/no-such-run").status_code == 404
+    # Labelled HEAD in the metrics; a HEAD of trajectories sent none: no legacy read.
+    before = http.get("/metrics").text
+    assert http.head(f"/v1/rollouts/{run_id}/trajectories").status_code == 200
+    metrics = http.get("/metrics").text
+    assert 'method="HEAD",route="/v1/rollouts/{run_id}/trajectories",status="200"' in metrics
+    assert _legacy_reads(metrics) == _legacy_reads(before)
+    assert http.get(f"/v1/rollouts/{run_id}/trajectories").status_code == 200
+    assert _legacy_reads(http.get("/metrics").text) != _legacy_reads(before)  # a GET counts
+
+
+def _legacy_reads(metrics: str) -> list[str]:
+    return [x for x in metrics.splitlines() if x.startswith("tracestore_legacy_reads_total")]
 
 
 def test_a_405_names_every_method_of_its_path(http: httpx.Client) -> None:

@@ -8,6 +8,7 @@ TRACESTORE_FIFO_WAIT so that nothing can hang.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import shutil
@@ -175,6 +176,28 @@ def test_drift_days_have_the_apis_bounds_whatever_answers(place: Path, where: st
     target = _db(place / "store.db") if where == "--db" else "http://127.0.0.1:1"
     one_line_error(["drift", "--days", "3661", where, target], "less than or equal to 3660")
     one_line_error(["drift", "--days", "0", where, target], "greater than or equal to 1")
+
+
+def test_the_bind_check_binds_as_the_server_will() -> None:
+    # An IPv6 wildcard is bound IPv6-only (asyncio's create_server does so): a port that
+    # IPv4's wildcard holds is free for it. The first check probed a dual-stack socket and
+    # refused `serve --host ::` that uvicorn would have served.
+    from tracestore.api.server import check_address
+
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        try:
+            assert check_address("::", port) == socket.AF_INET6
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # no IPv6 on this machine
+                pytest.skip(f"no IPv6 address to bind: {exc}")
+            raise
+        with pytest.raises(OSError, match="in use"):
+            check_address("0.0.0.0", port)
+        with pytest.raises(OSError, match="in use"):
+            check_address("localhost", port)  # resolves to 127.0.0.1 (and ::1): taken
 
 
 def test_an_unknown_schema_revision_is_named_and_makes_no_store(place: Path) -> None:

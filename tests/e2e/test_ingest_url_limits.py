@@ -6,11 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
-from tests.conftest import Database, Example, LiveServer, wipe
+from tests.conftest import Database, Example, LiveServer, minimal_rollout, wipe
 from tests.e2e.test_cli import run
+from tracestore.cli.ingest import BATCH_BYTES, _batches
 from tracestore.db.engine import create_engine
+from tracestore.ingest.files import FileItem
 from tracestore.settings import Settings
 
 
@@ -68,7 +71,7 @@ def test_batches_fit_the_servers_body_limit_and_a_rollout_past_it_is_named(
         done.stdout
     ), done.stdout
     assert f"refused: {path}:{n + 1}" in done.stdout, done.stdout
-    assert f"{len(big.raw)} bytes, past the limit of 20000 a request" in done.stdout
+    assert f"{len(big.raw)} bytes, past the server's limit of 20000 a request" in done.stdout
     assert _stored(live.url, small) == [ex.label["run_id"] for ex in small]
     assert _stored(live.url, [big]) == []
 
@@ -129,3 +132,50 @@ def test_a_command_stopped_part_way_still_says_what_it_did(
     assert done.stderr.startswith("error: the server refused the batch: 401"), done.stderr
     assert "1 rollout: 0 created, 0 duplicate, 0 conflict, 1 invalid" in done.stdout
     assert "the rollouts after these were not sent" in done.stdout
+
+
+def _big_rollout(run_id: str) -> bytes:
+    """A valid rollout past the 8 MiB a batch aims at, well within the 64 MiB body limit."""
+    raw = orjson.dumps(minimal_rollout(run_id, notes="x" * (BATCH_BYTES + 1024 * 1024)))
+    assert BATCH_BYTES < len(raw) < Settings().max_body_bytes
+    return raw
+
+
+@pytest.mark.parametrize("live", [{}], indirect=True)
+@pytest.mark.parametrize("where", ["--url", "--db"])
+def test_a_rollout_past_the_batch_size_goes_alone_not_refused(
+    live: LiveServer, database: Database, tmp_path: Path, where: str
+) -> None:
+    # The batch size (8 MiB) was taken for the body limit: a 9 MiB rollout the server
+    # takes (its limit is 64 MiB) was counted refused and never sent, with --db too.
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b"\n".join([_big_rollout("big-1"), orjson.dumps(minimal_rollout("s-1"))]))
+    target = live.url if where == "--url" else database.url
+    done = run("ingest", str(path), where, target)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 rollouts: 2 created" in done.stdout, done.stdout
+    assert httpx.get(f"{live.url}/v1/rollouts/big-1").status_code == 200
+
+
+def test_batches_bound_their_bytes_and_count_and_refuse_only_past_the_item_limit() -> None:
+    def item(n: int, i: int) -> FileItem:
+        return FileItem(b"x" * n, {}, f"f:{i}")
+
+    sizes = [10, 10, 30, 5, 100, 10, 10, 10]
+    refused: list[str] = []
+
+    def record(it: FileItem, status: str, reason: str | None) -> None:
+        refused.append(f"{status} {it.where}")
+
+    items = [item(n, i) for i, n in enumerate(sizes)]
+    got = [[len(x.raw) for x in b] for b in _batches(iter(items), record, 3, 32, 64)]
+    # 10+1+10 = 21 fits 32, +1+30 does not; 30 alone; 5: 30+1+5 > 32; 100 past 64: refused;
+    # then three of 10 would be 32 bytes: the count (3) ends the batch first.
+    assert got == [[10, 10], [30], [5, 10, 10], [10]]
+    assert refused == ["refused f:4"]
+    refused.clear()
+    # Without an item limit (--db), a large item goes in a batch of its own.
+    big = [item(10, 0), item(BATCH_BYTES + 1, 1), item(10, 2)]
+    got = [[len(x.raw) for x in b] for b in _batches(iter(big), record)]
+    assert got == [[10], [BATCH_BYTES + 1], [10]]
+    assert refused == []

@@ -9,6 +9,7 @@ same wait), and an app served on a second event loop still times out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -119,3 +120,24 @@ def test_a_cancel_from_elsewhere_stays_a_cancel(also_expired: bool) -> None:
     assert _status(client) is None  # no 408 went out
     assert limit.inflight == 0  # the charge was released all the same
     assert limit.timed_out == 0
+
+
+def test_a_cancel_swallowed_before_the_body_does_not_hide_the_timeout() -> None:
+    # A task that caught a cancel earlier (without uncancel) still counts it; the sweep's
+    # cut must be told from it as asyncio.timeout tells it (the count on entering).
+    app = Reader()
+    limit = InflightLimit(app, limit=10_000, max_body=10_000, body_timeout=TIMEOUT_S)
+
+    async def scenario() -> Stalled:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        assert task.cancelling() == 1
+        client, _took = await _serve_stalled(limit, app)
+        return client
+
+    client = asyncio.run(scenario())
+    assert _status(client) == 408
+    assert limit.inflight == 0

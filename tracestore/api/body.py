@@ -198,12 +198,16 @@ def _encoding(request: Request, limit: int) -> str:
     # One pass over the raw headers (names lower-case, as Starlette's Headers takes them):
     # Headers.get raises and catches a KeyError for every header absent, as
     # Content-Encoding mostly is (bench/README.md item 24).
-    encoding, declared = "identity", b""
+    encoding: str | None = None
+    declared: bytes | None = None
     for name, value in request.scope["headers"]:
-        if name == b"content-encoding":
+        # The first of a repeated header, as Headers.get took it.
+        if name == b"content-encoding" and encoding is None:
             encoding = value.decode("latin-1").strip().lower()
-        elif name == b"content-length":
+        elif name == b"content-length" and declared is None:
             declared = value
+    encoding = "identity" if encoding is None else encoding
+    declared = declared or b""
     if encoding not in ("identity", "gzip", "x-gzip", ""):
         raise UnsupportedMediaType(
             f"Content-Encoding {encoding!r} is not supported (use gzip or none)"

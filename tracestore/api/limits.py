@@ -96,15 +96,17 @@ def _body_head(scope: Scope) -> tuple[int | None, bool, bytes]:
     (None when absent or unreadable), whether it is chunked, and its encoding."""
     length: bytes | None = None
     chunked = False
-    encoding = b""
+    encoding: bytes | None = None
     for key, value in scope.get("headers", ()):
         name = key.lower()
-        if name == b"content-length":
+        # The first of a repeated header, as Starlette's Headers.get (api/body.py) takes it.
+        if name == b"content-length" and length is None:
             length = value
         elif name == b"transfer-encoding":
             chunked = True
-        elif name == b"content-encoding":
+        elif name == b"content-encoding" and encoding is None:
             encoding = value.strip().lower()
+    encoding = encoding or b""
     if length is None or not length.strip().isdigit():
         return None, chunked, encoding
     return int(length), chunked, encoding
@@ -229,11 +231,12 @@ class InflightLimit:
             self._sweep_loop = task.get_loop()
             self._sweep = self._sweep_loop.call_later(self._tick, self._swept)
         ticket.waiter, ticket.waiting_since = task, time.monotonic()
+        cancelling = task.cancelling()  # cancels already pending are not ours
         try:
             return await receive()
         except asyncio.CancelledError:
             # Ours only when no one else cancelled the task too (as asyncio.timeout tells).
-            if ticket.expired and task.uncancel() == 0:
+            if ticket.expired and task.uncancel() <= cancelling:
                 return None
             raise
         finally:

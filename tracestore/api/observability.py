@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracestore.api.clients import LEGACY_STATE, ClientLabels, reader
+from tracestore.api.head import HEAD
 from tracestore.drift.reads import LEGACY_ROUTES, LegacyReadTracker
 from tracestore.metrics import Metrics
 
@@ -97,7 +98,7 @@ class ObservabilityMiddleware:
             self._observe(scope, status, time.perf_counter() - start, bytes(body))
 
     def _observe(self, scope: Scope, status: int, seconds: float, body: bytes) -> None:
-        route, method = _route(scope), scope["method"]
+        route, method = _route(scope), "HEAD" if scope.get(HEAD) else scope["method"]
         metrics = self.state.metrics
         metrics.observe_request(method, route, str(status), seconds)
         if method == "GET" and status == 200 and route in LEGACY_ROUTES:

@@ -336,13 +336,18 @@ def _worker_socket(family: int, address: Any) -> socket.socket:
 
 
 def check_address(host: str, port: int) -> int:
-    """The address family of `host:port`, once a plain bind there has worked: OSError when
-    the address is taken (EADDRINUSE), not this machine's, or the name does not resolve."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        probe.bind((host, port))
-    return family
+    """The address family of `host:port` once a bind there has worked, as the server will
+    bind it (asyncio's create_server: every address the name resolves to, IPv6 ones
+    IPv6-only); OSError when one is taken (EADDRINUSE), not this machine's, or the name
+    does not resolve."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    for family, kind, proto, _name, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
+    return int(infos[0][0])
 
 
 def reserve_address(host: str, port: int) -> socket.socket:

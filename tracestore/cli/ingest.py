@@ -115,10 +115,12 @@ def _batches(
     record: Record,
     max_docs: int = BATCH_DOCS,
     max_bytes: int = BATCH_BYTES,
+    max_item: int | None = None,
 ) -> Iterator[list[FileItem]]:
     """Parsed items in batches of at most `max_docs` items and `max_bytes` bytes (as one
-    NDJSON body: a newline between items); unparseable items are recorded as invalid, and
-    an item past `max_bytes` on its own is recorded as refused, on the way."""
+    NDJSON body: a newline between items), an item larger than that in a batch of its own;
+    on the way, unparseable items are recorded as invalid, and items past `max_item` (the
+    server's body limit) as refused."""
     batch: list[FileItem] = []
     size = 0
     for item in items:
@@ -126,8 +128,8 @@ def _batches(
             record(item, "invalid", item.value.message)
             continue
         n = len(item.raw)
-        if n > max_bytes:
-            record(item, "refused", f"{n} bytes, past the limit of {max_bytes} a request; not sent")
+        if max_item is not None and n > max_item:
+            record(item, "refused", f"{n} bytes, past the server's limit of {max_item} a request")
             continue
         if batch and (len(batch) >= max_docs or size + 1 + n > max_bytes):
             yield batch
@@ -161,26 +163,28 @@ def _remote(url: str, api_key: str | None, items: Iterator[FileItem], record: Re
     route_client_logs(verbose=False)
     # A few retries ride out a server restart; a server that stays down fails the command.
     with TracestoreClient(url, api_key=api_key, max_retries=3) as client:
-        max_docs, max_bytes = _server_limits(client)
-        for batch in _batches(items, record, max_docs, max_bytes):
+        max_docs, max_body = _server_limits(client)
+        batch_bytes = min(BATCH_BYTES, max_body) if max_body else BATCH_BYTES
+        for batch in _batches(items, record, max_docs, batch_bytes, max_body):
             _post(client, batch, record)
 
 
-def _server_limits(client: TracestoreClient) -> tuple[int, int]:
-    """Batch bounds within the server's limits (GET /info), so that rollouts it takes one
-    by one are not refused together as one batch too large."""
+def _server_limits(client: TracestoreClient) -> tuple[int, int | None]:
+    """The most rollouts a batch may hold and the largest body the server takes (None:
+    not said), from GET /info: rollouts it takes one by one are then not refused
+    together as one batch too large."""
     from tracestore.client import TracestoreHTTPError
 
     try:
         limits = client.info().get("limits") or {}
-    except TracestoreHTTPError:
-        limits = {}  # a server without /info: the default bounds, and _post's halving
-    max_docs, max_bytes = limits.get("max_batch_items"), limits.get("max_body_bytes")
+    except (TracestoreHTTPError, ValueError):
+        # A server without /info, or a proxy's page: the default bounds, and _post's
+        # halving of what is refused as too large.
+        limits = {}
+    max_docs, max_body = limits.get("max_batch_items"), limits.get("max_body_bytes")
     return (
         min(BATCH_DOCS, max_docs) if isinstance(max_docs, int) and max_docs > 0 else BATCH_DOCS,
-        min(BATCH_BYTES, max_bytes)
-        if isinstance(max_bytes, int) and max_bytes > 0
-        else BATCH_BYTES,
+        max_body if isinstance(max_body, int) and max_body > 0 else None,
     )
 
 
@@ -232,6 +236,12 @@ def send(
         fail(f"the server refused the batch: {exc}")
     except (OSError, httpx.TransportError) as exc:
         fail(f"cannot reach {url}: {exc}")
+
+
+def _print_unreadable(unreadable: list[str]) -> None:
+    if unreadable:
+        n = len(unreadable)
+        console.print(f"{n} file{'s' if n > 1 else ''} could not be read (named above)")
 
 
 def ingest(
@@ -288,11 +298,10 @@ def ingest(
         # Stopped part-way (the server refused or went away): what was done still counts.
         if tally.counts:
             tally.print()
+            _print_unreadable(unreadable)
             console.print("stopped at the error above: the rollouts after these were not sent")
         raise
     tally.print()
-    if unreadable:
-        n = len(unreadable)
-        console.print(f"{n} file{'s' if n > 1 else ''} could not be read (named above)")
+    _print_unreadable(unreadable)
     if tally.problems or unreadable:
         raise typer.Exit(2)
