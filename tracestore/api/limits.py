@@ -19,8 +19,9 @@ grow together cannot all cut each other off. Held bytes therefore stay below
 
 A body must keep coming: a wait of more than `body_timeout` seconds for its next piece, or
 an average rate below `body_min_rate` once it has taken `body_timeout` seconds, cuts it
-with 408 `request_timeout` (uvicorn has no body timeout). So a stalled or dripping upload
-holds its charge for a bounded time, not forever.
+with 408 `request_timeout` (uvicorn has no body timeout), found by a sweep of the requests
+in flight every min(1 s, timeout / 10). So a stalled or dripping upload holds its charge
+for a bounded time, not forever.
 """
 
 from __future__ import annotations
