@@ -8,11 +8,14 @@ TRACESTORE_FIFO_WAIT so that nothing can hang.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import os
 import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,7 +26,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLES, free_port
+from tests.conftest import EXAMPLES, free_port, minimal_rollout
 from tracestore.cli.main import app
 
 TRACESTORE = shutil.which("tracestore", path=str(Path(sys.executable).parent)) or "tracestore"
@@ -364,6 +367,47 @@ def test_ingest_reads_a_directory_and_a_fifo_someone_writes(place: Path) -> None
     assert done.exit_code == 0, done.stdout + done.stderr
     assert "5 rollouts:" in done.stdout
     assert "0 conflict, 0 invalid" in done.stdout
+
+
+def test_ctrl_c_on_an_ingest_prints_what_was_stored(place: Path) -> None:
+    # Ctrl-C said "error: aborted" (exit 1) and nothing of the rollouts already stored.
+    fifo = place / "endless.jsonl"
+    os.mkfifo(fifo)
+    store = place / "interrupted.db"
+    proc = subprocess.Popen(
+        [TRACESTORE, "ingest", str(fifo), "--db", _db(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with fifo.open("wb") as stream:
+            # One batch (64) goes in and is committed; the 65th waits in the next batch.
+            for i in range(65):
+                stream.write(orjson.dumps(minimal_rollout(f"ctrl-c-{i:02d}")) + b"\n")
+            stream.flush()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if store.exists() and _count_runs(store) == 64:
+                    break
+                time.sleep(0.1)
+            assert _count_runs(store) == 64
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "interrupted", err
+    assert "64 rollouts: 64 created, 0 duplicate, 0 conflict, 0 invalid" in out, out
+    assert "interrupted: the rollouts after these were not sent" in out, out
+
+
+def _count_runs(store: Path) -> int:
+    with contextlib.closing(sqlite3.connect(store, timeout=30)) as conn:
+        try:
+            return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+        except sqlite3.OperationalError:  # not migrated yet
+            return 0
 
 
 def test_ingest_into_a_bad_url_or_store(place: Path) -> None:

@@ -238,6 +238,13 @@ def send(
         fail(f"cannot reach {url}: {exc}")
 
 
+def _print_stopped(tally: Tally, unreadable: list[str], why: str) -> None:
+    if tally.counts:
+        tally.print()
+        _print_unreadable(unreadable)
+        console.print(f"{why}: the rollouts after these were not sent")
+
+
 def _print_unreadable(unreadable: list[str]) -> None:
     if unreadable:
         n = len(unreadable)
@@ -265,7 +272,8 @@ def ingest(
 
     Exit status: 0 when every rollout was created or a duplicate; 2 when any was invalid,
     refused or conflicted with a stored rollout of the same run_id, or a file could not be
-    read (each is named as it is met; the other files are still ingested).
+    read (each is named as it is met; the other files are still ingested); 130 on Ctrl-C,
+    after the summary of what was stored.
     """
     # TRACESTORE_URL as the read verbs take it: exported for them, it was ignored here, and
     # the rollouts went to a new local store while the summary said "created".
@@ -296,11 +304,13 @@ def ingest(
             send(items, tally.record, db=db, url=url, api_key=api_key)
     except typer.Exit:
         # Stopped part-way (the server refused or went away): what was done still counts.
-        if tally.counts:
-            tally.print()
-            _print_unreadable(unreadable)
-            console.print("stopped at the error above: the rollouts after these were not sent")
+        _print_stopped(tally, unreadable, "stopped at the error above")
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C on a long ingest: what was stored stays stored, and the summary says what.
+        err_console.print("interrupted", highlight=False)
+        _print_stopped(tally, unreadable, "interrupted")
+        raise typer.Exit(130) from None
     tally.print()
     _print_unreadable(unreadable)
     if tally.problems or unreadable:
