@@ -379,6 +379,9 @@ def test_ctrl_c_on_an_ingest_prints_what_was_stored(place: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's disposition as at a terminal: a suite started in the background (as CI
+        # starts it) passes on an ignored SIGINT, and Python then never raises on it.
+        preexec_fn=_default_sigint,
     )
     try:
         with fifo.open("wb") as stream:
@@ -400,6 +403,10 @@ def test_ctrl_c_on_an_ingest_prints_what_was_stored(place: Path) -> None:
     assert err.strip() == "interrupted", err
     assert "64 rollouts: 64 created, 0 duplicate, 0 conflict, 0 invalid" in out, out
     assert "interrupted: the rollouts after these were not sent" in out, out
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _count_runs(store: Path) -> int:
