@@ -8,8 +8,8 @@ middleware as `tracestore serve` stacks them) is called directly as ASGI, one po
 another on one event loop, with the group commit's `submit` answering at once with a
 stored result: what is left is the app's work around the store, measured as process CPU
 per post. Beside it the *bare ingest path* of bench/single_post_parts.py (read the body,
-submit, answer): the app's overhead is the difference. No server, no socket, no database
-write: these are not throughput figures.
+submit, answer; the same function): the app's overhead is the difference. No server, no
+socket, no database write: these are not throughput figures.
 
     .venv/bin/python -m bench.app_overhead [--posts 30000] [--rounds 3] [--profile]
 """
@@ -27,12 +27,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Scope
 
 from bench.corpus import corpus
-from tracestore.api.routes.rollouts import new_group_commit
+from bench.single_post_parts import bare_ingest_path
 from tracestore.db import migrate
 from tracestore.db.engine import create_engine
 from tracestore.ingest.group import GroupCommit
@@ -52,30 +51,6 @@ SCOPE: Scope = {
     "client": ("127.0.0.1", 40000),
     "server": ("127.0.0.1", 8000),
 }
-
-
-def bare_ingest_app(real: FastAPI) -> ASGIApp:
-    """Single posts straight to the group commit, as bench/single_post_parts.py's."""
-    groups: list[GroupCommit] = []
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await real(scope, receive, send)
-            return
-        if not groups:
-            groups.append(new_group_commit(real.state.tracestore))
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        result = await groups[0].submit(body)
-        answer = orjson.dumps(result.to_json())
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
-        await send({"type": "http.response.start", "status": 201, "headers": headers})
-        await send({"type": "http.response.body", "body": answer})
-
-    return app
 
 
 async def _started(app: FastAPI) -> None:
@@ -135,7 +110,7 @@ def measure(posts: int, rounds: int, profile: bool) -> dict[str, list[float]]:
         stored.append(ingest_many(real.state.tracestore.engine, [docs[0]])[0])
         out: dict[str, list[float]] = {"api": [], "bare": []}
         sent: list[Message] = []
-        paths = {"api": _poster(real, sent), "bare": _poster(bare_ingest_app(real), sent)}
+        paths = {"api": _poster(real, sent), "bare": _poster(bare_ingest_path(real), sent)}
         for post in paths.values():  # warm-up
             for raw in docs * 8:
                 await post(raw)

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import orjson
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench.common import free_port, fresh_database, pg_available
@@ -48,7 +49,12 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 
 def bare_ingest_app() -> ASGIApp:
     """The API, but single posts go straight to the group commit (see the module doc)."""
-    app = served_app()
+    return bare_ingest_path(served_app())
+
+
+def bare_ingest_path(app: FastAPI) -> ASGIApp:
+    """`app`, with `POST /v1/rollouts` read, handed to the group commit and answered by a
+    few lines of ASGI (bench.app_overhead measures against it too)."""
     groups: list[GroupCommit] = []
 
     async def bare(scope: Scope, receive: Receive, send: Send) -> None:
