@@ -304,6 +304,48 @@ def test_convert_bad_inputs(place: Path) -> None:
     assert (place / "o").read_bytes().count(b"\n") >= 1
 
 
+@pytest.mark.parametrize("setting", ["ten", "-1", "nan", ""])
+def test_a_bad_fifo_wait_is_refused_not_replaced(
+    place: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    # It fell back to 10 s without a word: a typo in the setting went unnoticed.
+    monkeypatch.setenv("TRACESTORE_FIFO_WAIT", setting)
+    started = time.monotonic()
+    one_line_error(
+        ["convert", "to-trace", str(place / "silent.jsonl")],
+        f"silent.jsonl: TRACESTORE_FIFO_WAIT: {setting!r} is not a number of seconds",
+    )
+    one_line_error(
+        ["sql", "SELECT 1 AS x", "--db", _db(place / "store.db"), "-o", str(place / "silent.out")],
+        "TRACESTORE_FIFO_WAIT",
+    )
+    assert time.monotonic() - started < 5  # refused at once, not after a wait
+    # `ingest` names the FIFO as a file it could not read, and stores the others.
+    done = CliRunner().invoke(
+        app,
+        [
+            "ingest",
+            str(place / "silent.jsonl"),
+            str(place / "good.jsonl"),
+            "--db",
+            _db(place / "w.db"),
+        ],
+    )
+    assert done.exit_code == 2, done.stderr
+    assert "silent.jsonl: TRACESTORE_FIFO_WAIT" in done.stderr
+    assert "1 file could not be read" in done.stdout, done.stdout
+
+
+def test_fifo_wait_takes_seconds_and_inf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracestore.ingest.files import DEFAULT_FIFO_WAIT, fifo_wait
+
+    monkeypatch.delenv("TRACESTORE_FIFO_WAIT", raising=False)
+    assert fifo_wait() == DEFAULT_FIFO_WAIT
+    for text, seconds in [("0", 0.0), ("2.5", 2.5), (" 3 ", 3.0), ("inf", float("inf"))]:
+        monkeypatch.setenv("TRACESTORE_FIFO_WAIT", text)
+        assert fifo_wait() == seconds
+
+
 def test_ingest_names_each_bad_file_and_keeps_going(place: Path) -> None:
     db = _db(place / "fresh.db")
     assert not (place / "fresh.db").exists()

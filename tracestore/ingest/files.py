@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import gzip
 import io
+import math
 import os
 import stat
 import time
@@ -53,10 +54,30 @@ class FileItem:
 
 def fifo_wait() -> float:
     """Seconds to wait for the other end of a FIFO (TRACESTORE_FIFO_WAIT, default 10)."""
-    try:
-        return max(float(os.environ.get(FIFO_WAIT_ENV, DEFAULT_FIFO_WAIT)), 0.0)
-    except ValueError:
+    text = os.environ.get(FIFO_WAIT_ENV)
+    if text is None:
         return DEFAULT_FIFO_WAIT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    # A typo must not quietly become the default: the user set it for a reason ("inf"
+    # waits for as long as it takes).
+    if not seconds >= 0:
+        raise InvalidRequest(
+            f"{FIFO_WAIT_ENV}: {text!r} is not a number of seconds (0 or more; inf waits "
+            "without limit)"
+        )
+    return seconds
+
+
+def _fifo_wait_for(path: Path) -> float:
+    """`fifo_wait()`, its refusal naming the FIFO it was needed for (so `ingest` reports
+    that file and goes on with the next, as for any file it cannot read)."""
+    try:
+        return fifo_wait()
+    except InvalidRequest as exc:
+        raise UnreadableFile(f"{path}: {exc.message}") from None
 
 
 def is_fifo(path: Path) -> bool:
@@ -137,7 +158,7 @@ def open_fifo_for_reading(path: Path, wait: float | None = None) -> io.BufferedR
 
 
 def _fifo_raw(path: Path, wait: float | None) -> _Counted:
-    wait = fifo_wait() if wait is None else wait
+    wait = _fifo_wait_for(path) if wait is None else wait
     # O_NONBLOCK: opening never blocks. With no writer a read says end-of-file; with a
     # writer that has not written yet it says EAGAIN: that tells the two apart.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -167,7 +188,7 @@ def _fifo_raw(path: Path, wait: float | None) -> _Counted:
 
 def open_fifo_for_writing(path: Path, wait: float | None = None) -> IO[bytes]:
     """Open a FIFO for writing once a reader has it open (UnreadableFile after `wait`)."""
-    wait = fifo_wait() if wait is None else wait
+    wait = _fifo_wait_for(path) if wait is None else wait
     deadline = time.monotonic() + wait
     while True:
         try:
