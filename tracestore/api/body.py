@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message
 
+from tracestore.api.headers import first_headers
 from tracestore.errors import InvalidJSON, PayloadTooLarge, UnsupportedMediaType
 from tracestore.ingest.parse import split_batch_array
 from tracestore.jsontext import TooManyItems, split_array
@@ -22,14 +23,13 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
+_CONTENT_TYPE = frozenset((b"content-type",))
+
+
 def media_type(request: Request) -> str:
     """The request's Content-Type without parameters, lower-cased ('' when absent)."""
-    # The raw headers (as _encoding reads them): `request.headers` builds a Headers object.
-    value: bytes
-    for name, value in request.scope["headers"]:
-        if name == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
-    return ""
+    value = first_headers(request.scope, _CONTENT_TYPE).get(b"content-type", b"")
+    return value.decode("latin-1").split(";", 1)[0].strip().lower()
 
 
 JSON_TYPES = ("", "application/json", "text/json")
@@ -192,26 +192,20 @@ class Charge:
         self.bytes = 0
 
 
+_BODY_HEAD = frozenset((b"content-encoding", b"content-length"))
+
+
 def _encoding(request: Request, limit: int) -> str:
     """The body's Content-Encoding, once the head says the body may be read: 415 for an
     encoding other than gzip, 413 for a declared length past `limit`."""
-    # One pass over the raw headers (names lower-case, as Starlette's Headers takes them):
-    # Headers.get raises and catches a KeyError for every header absent, as
-    # Content-Encoding mostly is (bench/README.md item 24).
-    encoding: str | None = None
-    declared: bytes | None = None
-    for name, value in request.scope["headers"]:
-        # The first of a repeated header, as Headers.get took it.
-        if name == b"content-encoding" and encoding is None:
-            encoding = value.decode("latin-1").strip().lower()
-        elif name == b"content-length" and declared is None:
-            declared = value
-    encoding = "identity" if encoding is None else encoding
-    declared = declared or b""
+    head = first_headers(request.scope, _BODY_HEAD)
+    raw = head.get(b"content-encoding")
+    encoding = "identity" if raw is None else raw.decode("latin-1").strip().lower()
     if encoding not in ("identity", "gzip", "x-gzip", ""):
         raise UnsupportedMediaType(
             f"Content-Encoding {encoding!r} is not supported (use gzip or none)"
         )
+    declared = head.get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     return encoding

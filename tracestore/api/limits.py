@@ -37,6 +37,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracestore.api.errors import error_body
+from tracestore.api.headers import first_headers
 from tracestore.api.overload import AbandonedRequests
 from tracestore.settings import Settings
 
@@ -92,22 +93,16 @@ class _Ticket:
     expired: bool = False  # the sweep cancelled the wait: a stalled body, not a cancel
 
 
+_BODY_HEAD = frozenset((b"content-length", b"transfer-encoding", b"content-encoding"))
+
+
 def _body_head(scope: Scope) -> tuple[int | None, bool, bytes]:
-    """The head's word on the body, in one pass over the headers: its declared length
-    (None when absent or unreadable), whether it is chunked, and its encoding."""
-    length: bytes | None = None
-    chunked = False
-    encoding: bytes | None = None
-    for key, value in scope.get("headers", ()):
-        name = key.lower()
-        # The first of a repeated header, as Starlette's Headers.get (api/body.py) takes it.
-        if name == b"content-length" and length is None:
-            length = value
-        elif name == b"transfer-encoding":
-            chunked = True
-        elif name == b"content-encoding" and encoding is None:
-            encoding = value.strip().lower()
-    encoding = encoding or b""
+    """The head's word on the body: its declared length (None when absent or
+    unreadable), whether it is chunked, and its encoding."""
+    head = first_headers(scope, _BODY_HEAD)
+    encoding = head.get(b"content-encoding", b"").strip().lower()
+    chunked = b"transfer-encoding" in head
+    length = head.get(b"content-length")
     if length is None or not length.strip().isdigit():
         return None, chunked, encoding
     return int(length), chunked, encoding
