@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import re
 import sys
@@ -59,8 +60,27 @@ DbOption = Annotated[
 ]
 # Set to see the traceback of an unexpected error instead of its one-line summary.
 DEBUG_ENV = "TRACESTORE_DEBUG"
-# Progress shows only for work that takes longer than this (no flicker on quick answers).
+# The spinner shows only for work that takes longer than this (no flicker on quick
+# answers); TRACESTORE_PROGRESS_AFTER sets another delay.
 PROGRESS_AFTER_S = 0.5
+PROGRESS_AFTER_ENV = "TRACESTORE_PROGRESS_AFTER"
+
+
+def progress_after() -> float:
+    """Seconds before a long command's spinner shows (TRACESTORE_PROGRESS_AFTER, else 0.5)."""
+    text = os.environ.get(PROGRESS_AFTER_ENV)
+    if text is None:
+        return PROGRESS_AFTER_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:
+        raise InvalidRequest(
+            f"{PROGRESS_AFTER_ENV}: {text!r} is not a number of seconds (0 or more; inf "
+            "never shows the spinner)"
+        )
+    return seconds
 
 
 def settings_for(db: str | None) -> Settings:
@@ -214,8 +234,12 @@ def output_file(path: Path) -> Iterator[IO[bytes]]:
 @contextmanager
 def working(description: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while the block runs, shown only on a
-    terminal and only once the work has taken PROGRESS_AFTER_S."""
+    terminal and only once the work has taken `progress_after()`."""
     if not err_console.is_terminal:
+        yield
+        return
+    delay = progress_after()
+    if delay == math.inf:  # threading.Timer cannot wait that long
         yield
         return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -237,7 +261,7 @@ def working(description: str) -> Iterator[None]:
                 progress.start()
                 state["started"] = True
 
-    timer = threading.Timer(PROGRESS_AFTER_S, start)
+    timer = threading.Timer(delay, start)
     timer.daemon = True
     timer.start()
     try:
