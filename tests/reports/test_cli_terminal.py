@@ -140,6 +140,13 @@ def test_long_work_shows_a_spinner_on_a_terminal_only(stores: dict[str, Store]) 
     assert code == 0, stderr
     assert "query" in stderr
     assert "0:00:0" in stderr  # the elapsed time
+    # The same work with the spinner's delay set past it (inf; past threading's longest
+    # timer, which raised in the timer's thread): no spinner, and no traceback.
+    for never in ("inf", "1e10"):
+        code, stderr = _run_on_a_terminal(query, env={"TRACESTORE_PROGRESS_AFTER": never})
+        assert code == 0, stderr
+        assert "0:00:0" not in stderr, never
+        assert "Traceback" not in stderr, never
     piped = subprocess.run(
         [TRACESTORE, *query], capture_output=True, text=True, timeout=120, check=False
     )
@@ -162,15 +169,22 @@ def test_export_shows_the_spinner_too(stores: dict[str, Store], tmp_path: Path) 
     assert "0:00:0" in stderr
 
 
-def test_the_spinner_delay_is_a_setting(stores: dict[str, Store], tmp_path: Path) -> None:
+def test_a_bad_spinner_delay_is_refused_on_a_terminal_or_not(stores: dict[str, Store]) -> None:
     if "sqlite" not in stores:
         pytest.skip("SQLite not selected")
-    # The long query of the test above: it shows the spinner at the default delay.
-    url = stores["sqlite"].url
-    query = ["sql", "SELECT sum(hash(i)) AS s FROM range(400000000) t(i)", "--db", url]
-    code, stderr = _run_on_a_terminal(query, env={"TRACESTORE_PROGRESS_AFTER": "inf"})
-    assert code == 0, stderr
-    assert "0:00:0" not in stderr  # never shown
-    code, stderr = _run_on_a_terminal(query, env={"TRACESTORE_PROGRESS_AFTER": "soon"})
+    query = ["sql", "SELECT 1 AS x", "--db", stores["sqlite"].url]
+    bad = {"TRACESTORE_PROGRESS_AFTER": "soon"}
+    message = "TRACESTORE_PROGRESS_AFTER must be a number of seconds, 0 or more, or inf"
+    code, stderr = _run_on_a_terminal(query, env=bad)
     assert code == 2
-    assert "TRACESTORE_PROGRESS_AFTER: 'soon' is not a number of seconds" in stderr
+    assert f"{message} (got 'soon')" in stderr
+    piped = subprocess.run(
+        [TRACESTORE, *query],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **bad},
+    )
+    assert piped.returncode == 2
+    assert message in piped.stderr

@@ -12,13 +12,17 @@ from starlette.types import Scope
 
 
 def first_headers(scope: Scope, names: frozenset[bytes]) -> dict[bytes, bytes]:
-    """The value of each header of `names` (lower-case) the request has: the first of a
-    repeated header, as Starlette's `Headers.get` takes it."""
+    """The value of each header of `names` the request has: the first of a repeated
+    header, as Starlette's `Headers.get` takes it.
+
+    Names are compared as they are, lower-case: ASGI servers must send them so, and
+    Starlette compares them the same way.
+    """
     found: dict[bytes, bytes] = {}
-    for key, value in scope.get("headers", ()):
-        # ASGI servers send names lower-case; a hand-built scope (a test, an embedding
-        # app) may not.
-        name = key.lower()
+    wanted = len(names)
+    for name, value in scope.get("headers", ()):
         if name in names and name not in found:
             found[name] = value
+            if len(found) == wanted:
+                break
     return found

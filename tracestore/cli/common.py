@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import os
 import re
 import sys
@@ -27,6 +26,7 @@ from rich.markup import escape
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperGroup
 
+from tracestore.envvars import env_seconds
 from tracestore.errors import InvalidRequest, SchemaOutOfDate, TracestoreError
 
 if TYPE_CHECKING:
@@ -67,20 +67,9 @@ PROGRESS_AFTER_ENV = "TRACESTORE_PROGRESS_AFTER"
 
 
 def progress_after() -> float:
-    """Seconds before a long command's spinner shows (TRACESTORE_PROGRESS_AFTER, else 0.5)."""
-    text = os.environ.get(PROGRESS_AFTER_ENV)
-    if text is None:
-        return PROGRESS_AFTER_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not seconds >= 0:
-        raise InvalidRequest(
-            f"{PROGRESS_AFTER_ENV}: {text!r} is not a number of seconds (0 or more; inf "
-            "never shows the spinner)"
-        )
-    return seconds
+    """Seconds before a long command's spinner shows (TRACESTORE_PROGRESS_AFTER, else 0.5;
+    `inf`: never)."""
+    return env_seconds(PROGRESS_AFTER_ENV, PROGRESS_AFTER_S)
 
 
 def settings_for(db: str | None) -> Settings:
@@ -235,11 +224,9 @@ def output_file(path: Path) -> Iterator[IO[bytes]]:
 def working(description: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while the block runs, shown only on a
     terminal and only once the work has taken `progress_after()`."""
-    if not err_console.is_terminal:
-        yield
-        return
+    # Read first: a bad value is refused whether or not stderr is a terminal.
     delay = progress_after()
-    if delay == math.inf:  # threading.Timer cannot wait that long
+    if not err_console.is_terminal or delay > threading.TIMEOUT_MAX:  # past it: never
         yield
         return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import gzip
 import io
-import math
 import os
 import stat
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tracestore.envvars import env_seconds
 from tracestore.errors import InvalidJSON, InvalidRequest, TracestoreError
 
 LINE_SUFFIXES = (".jsonl", ".ndjson")
@@ -53,22 +53,9 @@ class FileItem:
 
 
 def fifo_wait() -> float:
-    """Seconds to wait for the other end of a FIFO (TRACESTORE_FIFO_WAIT, default 10)."""
-    text = os.environ.get(FIFO_WAIT_ENV)
-    if text is None:
-        return DEFAULT_FIFO_WAIT
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    # A typo must not quietly become the default: the user set it for a reason ("inf"
-    # waits for as long as it takes).
-    if not seconds >= 0:
-        raise InvalidRequest(
-            f"{FIFO_WAIT_ENV}: {text!r} is not a number of seconds (0 or more; inf waits "
-            "without limit)"
-        )
-    return seconds
+    """Seconds to wait for the other end of a FIFO (TRACESTORE_FIFO_WAIT, default 10;
+    `inf` waits without limit)."""
+    return env_seconds(FIFO_WAIT_ENV, DEFAULT_FIFO_WAIT)
 
 
 def _fifo_wait_for(path: Path) -> float:
