@@ -32,7 +32,7 @@ from tracestore.store.datasets import (
     drop_dataset,
     manifest_hash,
 )
-from tracestore.store.deletion import deletions
+from tracestore.store.deletion import Deletion, delete_run, deletions
 from tracestore.store.retention import Rule, drop_rule, set_rule, stored_rules
 from tracestore.store.runs import RunFilter
 
@@ -219,6 +219,37 @@ def test_a_sweep_beside_live_ingest_deletes_exactly_the_plan(engine: Engine) -> 
     remaining = _run_ids(engine)
     assert remaining == {r for _began, _t, r in acked} - plan_ids
     assert began_after <= remaining
+    assert orphans(engine) == {}
+
+
+def test_a_sweep_never_deletes_a_run_stored_after_its_plan_under_a_reused_key(
+    engine: Engine,
+) -> None:
+    # On SQLite a deleted run's primary key goes to the next run stored. A sweep planned
+    # the newest run; before its batch, that run was deleted by hand and a new one stored
+    # (with the same key there): the batch deleted the new run, by key, and its audit said
+    # retention (found by exploratory QA). Two sweeps side by side did the same.
+    _store(engine, [f"old-{i}" for i in range(5)], age_days=30)
+    planned = plan(engine, [Rule("everything", keep_last=0)])
+    newest = planned.runs[-1]
+    with write_session(engine) as session:
+        gone = delete_run(session, newest.run_id, Deletion(by="cli:op", via="cli"), NOW)
+    assert gone["run_id"] == newest.run_id
+    _store(engine, ["new-after-plan"])
+    with engine.connect() as conn:
+        new_pk = conn.execute(text("SELECT id FROM runs WHERE run_id = 'new-after-plan'")).scalar()
+    if engine.dialect.name == "sqlite":
+        assert new_pk == newest.pk  # the key reused: what the test is about
+    # The planned run re-posted after the plan is a new run too.
+    _store(engine, [newest.run_id])
+    swept = apply(engine, planned, batch_size=2)
+    assert swept.deleted == 4
+    assert swept.gone == 1
+    assert _run_ids(engine) == {"new-after-plan", newest.run_id}
+    with read_session(engine) as session:
+        audit = deletions(session, limit=100)
+    assert [a["deleted_by"] for a in audit if a["run_id"] == newest.run_id] == ["cli:op"]
+    assert all(a["run_id"] != "new-after-plan" for a in audit)
     assert orphans(engine) == {}
 
 

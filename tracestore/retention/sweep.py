@@ -72,6 +72,9 @@ class Planned:
 
     pk: int
     run_id: str
+    # With pk and run_id, the exact run planned: on SQLite a deleted run's pk is given to
+    # the next run stored, so a pk alone may name a run stored after the plan.
+    ingest_seq: int | None
     doc_bytes: int
     received_at: datetime
     rule: str
@@ -125,7 +128,14 @@ def plan(engine: Engine, rules: list[Rule], now: datetime | None = None) -> Plan
                 if row.id not in seen:
                     seen.add(row.id)
                     result.runs.append(
-                        Planned(row.id, row.run_id, row.doc_bytes, row.received_at, rule.name)
+                        Planned(
+                            row.id,
+                            row.run_id,
+                            row.ingest_seq,
+                            row.doc_bytes,
+                            row.received_at,
+                            rule.name,
+                        )
                     )
             result.pinned[rule.name] = count_pinned(conn, rule, result.now)
     result.runs.sort(key=lambda r: r.pk)
@@ -183,7 +193,8 @@ def apply(
         with write_session(engine) as session:
             for rule, members in by_rule.items():
                 how = Deletion(by=f"retention:{rule}", via="retention", reason=f"rule {rule}")
-                outcome = delete_pks(session, [m.pk for m in members], how, planned.now)
+                exact = [(m.pk, m.run_id, m.ingest_seq) for m in members]
+                outcome = delete_pks(session, exact, how, planned.now)
                 swept.deleted += len(outcome.deleted)
                 swept.doc_bytes += sum(int(d["doc_bytes"]) for d in outcome.deleted)
                 swept.pinned_meanwhile += len(outcome.pinned)

@@ -14,7 +14,7 @@ delete sees it, or finds it gone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -124,13 +124,20 @@ def _deletion_seqs(conn: Connection, n: int) -> list[int | None]:
 
 
 def delete_where(
-    session: Session, where: Any, how: Deletion, now: datetime, wanted: Sequence[str] = ()
+    session: Session,
+    where: Any,
+    how: Deletion,
+    now: datetime,
+    wanted: Sequence[str] = (),
+    only: Callable[[Any], bool] | None = None,
 ) -> Deleted:
-    """Delete the runs matching `where` (a clause on `runs`), skipping pinned ones unless
-    `how.force`, with an audit row each. `wanted`: run_ids asked for by name, reported in
-    `missing` when not found."""
+    """Delete the runs matching `where` (a clause on `runs`) and `only` (a test of each
+    row, when given), skipping pinned ones unless `how.force`, with an audit row each.
+    `wanted`: run_ids asked for by name, reported in `missing` when not found."""
     conn = session.connection()
     rows = _locked(conn, where)
+    if only is not None:
+        rows = [r for r in rows if only(r)]
     found = {r.run_id for r in rows}
     outcome = Deleted(missing=[w for w in dict.fromkeys(wanted) if w not in found])
     pinned = pins(conn, [r.run_id for r in rows])
@@ -184,11 +191,25 @@ def delete_run(session: Session, run_id: str, how: Deletion, now: datetime) -> d
     return outcome.deleted[0]
 
 
-def delete_pks(session: Session, run_pks: Sequence[int], how: Deletion, now: datetime) -> Deleted:
-    """Delete the runs with these keys that still exist (retention's batches)."""
-    if not run_pks:
+def delete_pks(
+    session: Session, runs: Sequence[tuple[int, str, int | None]], how: Deletion, now: datetime
+) -> Deleted:
+    """Delete the runs of these (pk, run_id, ingest_seq) that still exist (retention's
+    batches).
+
+    All three must match: on SQLite the pk of a run deleted meanwhile (by hand, or by a
+    sweep beside this one) is given to the next run stored, which is not the run planned.
+    """
+    if not runs:
         return Deleted()
-    return delete_where(session, Run.id.in_(list(run_pks)), how, now)
+    planned = set(runs)
+    return delete_where(
+        session,
+        Run.id.in_([pk for pk, _, _ in runs]),
+        how,
+        now,
+        only=lambda row: (row.id, row.run_id, row.ingest_seq) in planned,
+    )
 
 
 def deletions(

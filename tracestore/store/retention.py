@@ -120,11 +120,11 @@ def _selected(rule: Rule, now: datetime) -> Any:
 
 
 def select_runs(conn: Connection, rule: Rule, now: datetime) -> list[Any]:
-    """(id, run_id, doc_bytes, received_at) of the unpinned runs `rule` selects at `now`,
-    oldest first."""
+    """(id, run_id, ingest_seq, doc_bytes, received_at) of the unpinned runs `rule`
+    selects at `now`, oldest first."""
     keys = _selected(rule, now)
     query = (
-        select(Run.id, Run.run_id, Run.doc_bytes, Run.received_at)
+        select(Run.id, Run.run_id, Run.ingest_seq, Run.doc_bytes, Run.received_at)
         .where(Run.id.in_(select(keys.c[0])))
         .where(Run.run_id.not_in(pinned_run_ids()))
         .order_by(Run.id)
