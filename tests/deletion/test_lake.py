@@ -5,6 +5,8 @@ it in the store's state; a dataset exports as its own Parquet snapshot."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tracestore.db.uow import write_session
 from tracestore.ingest.service import ingest_bytes
 from tracestore.reports import lake as lake_files
 from tracestore.reports.export import export_dataset
+from tracestore.reports.watermark import take_cut
 from tracestore.store.datasets import create_dataset
 from tracestore.store.deletion import Deletion, delete_run
 from tracestore.store.runs import RunFilter
@@ -110,3 +113,70 @@ def test_deleting_the_newest_run_keeps_incremental_exports_going(
     lake_store.ingest("next")
     lake_store.export(lake)
     assert check_lake_once(lake, lake_store) == {"old", "next"}
+
+
+# The export of the test below, as the analytics child runs it (reports/live.py
+# `_export`), in a process of its own: DuckDB may not attach a live SQLite store in the
+# test's process. Once `runs` is staged, another process deletes a run (`tracestore
+# delete`), committed before the staging goes on.
+_EXPORT_WITH_A_DELETE = """
+import subprocess, sys
+from pathlib import Path
+from sqlalchemy.pool import NullPool
+from tracestore.db.engine import create_engine
+from tracestore.reports import connection, export
+from tracestore.reports.filters import Filters
+from tracestore.reports.watermark import Cut
+
+url, lake, tracestore, store_id, kind, upto, run_id = sys.argv[1:]
+connection.allow_sqlite_attach()
+staged = export._stage_table
+calls = []
+
+def stage_then_delete(analytics, staging, name, *args):
+    out = staged(analytics, staging, name, *args)
+    calls.append(name)
+    if name == "runs":
+        subprocess.run([tracestore, "delete", run_id, "--db", url], check=True)
+    return out
+
+export._stage_table = stage_then_delete
+engine = create_engine(url, poolclass=NullPool)
+cut = Cut(store_id, kind, int(upto))
+export.export_snapshot(engine, Path(lake), Filters(), cut, fmt="delta", incremental=True)
+print(" ".join(calls))
+"""
+
+
+def test_a_run_deleted_while_an_export_stages_it_leaves_the_lake_next_time(
+    lake_store: LakeStore, tmp_path: Path
+) -> None:
+    # The deletion commits after the export fixed its runs, while it copies their tables.
+    # On SQLite the export read its deletion range last, so that deletion fell in it:
+    # applied to the lake before the staged rows went in, then recorded as done. The run
+    # stayed in the lake for good, partly (found by exploratory QA).
+    lake = tmp_path / "lake"
+    lake_store.ingest("keep")
+    lake_store.export(lake)
+    lake_store.ingest("doomed", "late")  # the next export's runs
+    settled(lake_store.engine)
+    cut = take_cut(lake_store.engine)
+    tracestore = str(Path(sys.executable).parent / "tracestore")
+    args = [lake_store.url, str(lake), tracestore, cut.store_id, cut.kind, str(cut.upto)]
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORT_WITH_A_DELETE, *args, "doomed"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    tables = done.stdout.split()
+    assert "runs" in tables[:-1], tables  # the delete came before the last table staged
+    with lake_store.engine.connect() as conn:
+        gone = conn.exec_driver_sql("SELECT count(*) FROM runs WHERE run_id = 'doomed'")
+        assert gone.scalar() == 0
+    # That export wrote the run's staged `runs` row; the next one removes it.
+    lake_store.export(lake)
+    assert set(_run_rows(lake, "doomed").values()) == {0}
+    assert check_lake_once(lake, lake_store) == {"keep", "late"}

@@ -317,6 +317,12 @@ def _stage(
     with open_live(engine, extension_dir=extension_dir, writable_dir=staging) as analytics:
         con = analytics.con
         header = _dataset_header(con, dataset) if dataset is not None else None
+        # The deletions this export applies are read before any run is: a run deleted
+        # while its rows are being staged is then past their range, and the next export
+        # deletes the rows this one writes. Read last (as they were), that deletion fell
+        # in this export's range, applied before the staged rows went in: the run stayed
+        # in the lake for good, partly (found by exploratory QA, on SQLite).
+        deletions = None if deletions_after is None else _deletions(con, cut, deletions_after)
         con.execute(
             "CREATE TEMP TABLE _export_runs AS "
             "SELECT id AS run_pk, run_id, ingest_seq, received_at, "
@@ -355,8 +361,8 @@ def _stage(
             tables[name] = analytics.retrying(write)
         notices = list(analytics.notices)
         batch = _Batch(int(span[0]), _iso(span[1]), _iso(span[2]), tables, header)
-        if deletions_after is not None:
-            batch.deletions, batch.deletions_upto = _deletions(con, cut, deletions_after)
+        if deletions is not None:
+            batch.deletions, batch.deletions_upto = deletions
     return batch, notices
 
 
@@ -377,8 +383,9 @@ def _deletions(con: Any, cut: Cut, after: int) -> tuple[list[tuple[str, int | No
 
     `deletion_seq` is assigned like `ingest_seq` (store/deletion.py): on PostgreSQL the
     deleting transaction's id, bounded by the cut's watermark (every deletion below it has
-    committed); on SQLite a commit-ordered counter, read here in one snapshot (a deletion
-    still open holds a larger value, so the next export takes it).
+    committed); on SQLite a commit-ordered counter, read here in one snapshot before the
+    runs are (a deletion still open, or one committed while the runs are read, holds a
+    larger value, so the next export takes it).
     """
     if cut.kind == SQLITE_KIND:
         upto = con.execute(
