@@ -10,6 +10,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from tests.lake.conftest import (
     RUN_TABLES,
     LakeStore,
@@ -20,6 +22,7 @@ from tests.lake.conftest import (
     settled,
 )
 from tracestore.db.uow import write_session
+from tracestore.errors import InvalidRequest
 from tracestore.ingest.service import ingest_bytes
 from tracestore.reports import lake as lake_files
 from tracestore.reports.export import export_dataset
@@ -98,6 +101,17 @@ def test_a_dataset_exports_exactly_its_runs(lake_store: LakeStore, tmp_path: Pat
     assert manifest["dataset"]["manifest_hash"] == made["manifest_hash"]
     assert manifest["tables"]["runs"]["rows"] == 3
     assert "run_deletions" not in manifest["tables"]
+
+    # Continued, the snapshot took the runs stored since (not the dataset's) under a
+    # manifest still naming the dataset (found by exploratory QA): refused, untouched.
+    def files() -> list[Path]:  # the export's lock file aside: every export makes it
+        return sorted(p.relative_to(out) for p in out.rglob("*") if not p.name.endswith(".lock"))
+
+    before = files()
+    with pytest.raises(InvalidRequest, match="is the snapshot of dataset 'pair'"):
+        lake_store.export(out, fmt="parquet", incremental=True)
+    assert files() == before
+    assert json.loads((out / "manifest.json").read_text()) == manifest
 
 
 def test_deleting_the_newest_run_keeps_incremental_exports_going(

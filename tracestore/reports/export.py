@@ -564,6 +564,14 @@ def _continuable(out: Path, cut: Cut) -> dict[str, Any]:
             + (f"store {other}'s snapshot" if other else "a snapshot from an older tracestore")
             + f", not this store's ({cut.store_id}): export into another directory"
         )
+    dataset = data.get("dataset")
+    if dataset:
+        # Continued, it would hold the runs stored since, which are not the dataset's,
+        # under a manifest that still names the dataset and its hash.
+        raise InvalidRequest(
+            f"{out} is the snapshot of dataset {dataset.get('name')!r}: it holds exactly its "
+            "runs and takes no --incremental; export the whole store into another directory"
+        )
     mark = data.get("watermark") or {}
     if mark.get("kind") != cut.kind:
         raise InvalidRequest(
