@@ -237,6 +237,15 @@ class Settings(BaseSettings):
         for client in clients:
             if not client.key:
                 raise ValueError(f"the key named {client.name!r} is empty")
+            # A key may hold colons, so `name:key:Admin` read as the key `key:Admin` with
+            # the write role, and the intended key was refused (found by exploratory QA).
+            # A role spelled in other letter case is taken for the typo it is.
+            role = client.key.rpartition(":")[2]
+            if ":" in client.key and role.lower() in ROLES:
+                raise ValueError(
+                    f"the key named {client.name!r} ends in the role {role!r}: roles are "
+                    f"lower-case ({', '.join(ROLES)})"
+                )
             if client.name in RESERVED_CLIENTS:
                 raise ValueError(f"{client.name!r} is reserved: name the key otherwise")
         for attr in ("name", "key"):

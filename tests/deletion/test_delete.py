@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy import Engine
 
 from tests.conftest import Database, Example, row_counts
@@ -213,3 +214,11 @@ def test_roles_are_read_from_the_key_list() -> None:
         ("c", "k:with:colons", "write"),
         ("d", "x", "write"),
     ]
+
+
+@pytest.mark.parametrize("entry", ["b:k2:Admin", "b:k2:WRITE", "b:k:with:colons:ADMIN"])
+def test_a_role_in_other_letter_case_is_refused_not_read_into_the_key(entry: str) -> None:
+    # `b:k2:Admin` was the write key `k2:Admin`: the intended key k2 got 401, and the key
+    # text with the role's typo in it was accepted (found by exploratory QA).
+    with pytest.raises(ValidationError, match="roles are lower-case"):
+        Settings(api_keys=["a:k1:admin", entry])
