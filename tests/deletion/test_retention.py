@@ -104,6 +104,21 @@ def test_rules_select_by_age_count_and_scope(engine: Engine) -> None:
     }
 
 
+def test_each_rule_counts_every_run_it_selects(engine: Engine) -> None:
+    # `retention show` counted a run only under the first rule selecting it: the second
+    # rule here showed 5, not 10 (found by exploratory QA).
+    _store(engine, [f"old-{i}" for i in range(5)], age_days=40)
+    _store(engine, [f"fresh-{i}" for i in range(5)], age_days=1)
+    month = Rule("month", max_age_s=parse_age("30d"))
+    every_e = Rule("every-e", keep_last=0, env_id="e")
+    planned = plan(engine, [month, every_e], now=NOW + timedelta(minutes=1))
+    assert planned.by_rule() == {"month": 5, "every-e": 10}
+    assert len(planned.runs) == 10  # each planned once
+    assert planned.as_dict(runs=False)["selected"] == 10
+    # The first rule that selects a run is the one its audit names.
+    assert {r.rule for r in planned.runs if r.run_id.startswith("old-")} == {"month"}
+
+
 @pytest.mark.parametrize("age", ["999999d", "99999999999d"])
 def test_an_age_past_the_calendar_selects_nothing_and_stops_no_other_rule(
     engine: Engine, age: str
