@@ -163,6 +163,8 @@ async def require_admin(request: Request, state: StateDep) -> str:
     """Refuse the request unless keys are off or its key has the admin role (401 without a
     valid key, 403 with another role); returns who asks, for the audit."""
     settings = state.settings
+    # The admin routes: deleting runs, and reading the deletion audit (a GET).
+    what = "reading the deletion audit" if request.method in ("GET", "HEAD") else "deleting"
     if not settings.api_keys:
         # An open server (no keys): anyone may delete, as anyone may write; the audit
         # records the label the client gives, if any.
@@ -170,13 +172,13 @@ async def require_admin(request: Request, state: StateDep) -> str:
         return label if CLIENT_NAME.fullmatch(label) else ANONYMOUS
     if presented_key(request) is None:
         # A browser's session cookie only reads: deleting needs the key itself.
-        raise Unauthorized("deleting needs an API key with the admin role: send X-API-Key")
+        raise Unauthorized(f"{what} needs an API key with the admin role: send X-API-Key")
     check_key(request, settings)
     scope_state = request.scope.get("state", {})
     if scope_state.get(ROLE_STATE) != ROLE_ADMIN:
         raise Forbidden(
             f"the API key {scope_state.get(CLIENT_STATE)!r} has the role "
-            f"{scope_state.get(ROLE_STATE)!r}; deleting needs a key with the admin role "
+            f"{scope_state.get(ROLE_STATE)!r}; {what} needs a key with the admin role "
             "(TRACESTORE_API_KEYS entry NAME:KEY:admin)"
         )
     name: str = scope_state[CLIENT_STATE]
