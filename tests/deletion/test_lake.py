@@ -83,13 +83,14 @@ def test_the_next_delta_export_deletes_deleted_runs(lake_store: LakeStore, tmp_p
 
 def test_a_dataset_exports_exactly_its_runs(lake_store: LakeStore, tmp_path: Path) -> None:
     lake_store.ingest("a1", "a2", "b1")
+    made_at = datetime.now(UTC)
     with write_session(lake_store.engine) as session:
         made = create_dataset(
             session,
             "pair",
             RunFilter(correlation_id=None, trace_kind=None),
             created_by="t",
-            now=datetime.now(UTC),
+            now=made_at,
         )
     lake_store.ingest("late")  # after the dataset: not in it
     settled(lake_store.engine)  # PostgreSQL: no transaction on the server holds the cut back
@@ -99,6 +100,8 @@ def test_a_dataset_exports_exactly_its_runs(lake_store: LakeStore, tmp_path: Pat
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dataset"]["name"] == "pair"
     assert manifest["dataset"]["manifest_hash"] == made["manifest_hash"]
+    # ISO 8601 in UTC, like every other time of the manifest (it was DuckDB's rendering).
+    assert manifest["dataset"]["created_at"] == made_at.isoformat()
     assert manifest["tables"]["runs"]["rows"] == 3
     assert "run_deletions" not in manifest["tables"]
 

@@ -375,7 +375,7 @@ def _dataset_header(con: Any, name: str) -> dict[str, Any]:
     ).fetchone()
     if row is None:
         raise InvalidRequest(f"no dataset named {name!r}", name=name)
-    return {"name": row[0], "n_runs": row[1], "manifest_hash": row[2], "created_at": row[3]}
+    return {"name": row[0], "n_runs": row[1], "manifest_hash": row[2], "created_at": _iso(row[3])}
 
 
 def _deletions(con: Any, cut: Cut, after: int) -> tuple[list[tuple[str, int | None]], int]:
