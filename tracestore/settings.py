@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, NamedTuple
 
@@ -69,8 +70,14 @@ class RetentionRuleSetting(BaseModel):
     @classmethod
     def _check_age(cls, value: str | None) -> str | None:
         # The grammar of tracestore.retention.sweep.parse_age, checked at startup.
-        if value is not None and not re.fullmatch(r"\s*\d+(\.\d+)?\s*[smhdw]\s*", value):
+        if value is None:
+            return value
+        found = re.fullmatch(r"\s*(\d+(\.\d+)?)\s*[smhdw]\s*", value)
+        if found is None:
             raise ValueError(f"cannot read {value!r} as a duration: 90s, 30m, 12h, 30d, 2w")
+        # In weeks, the largest unit: past a float's range it would be stored as infinity.
+        if not math.isfinite(float(found[1]) * 604800):
+            raise ValueError(f"{value!r} is too long a duration to be stored")
         return value
 
 

@@ -10,6 +10,7 @@ sweep has committed whole batches only; running it again plans again and finishe
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +37,12 @@ def parse_age(text: str, *, name: str = "max age") -> float:
     found = _AGE.match(text)
     if found is None or float(found["n"]) <= 0:
         raise InvalidRequest(f"{name}: cannot read {text!r} as {AGE_HELP}")
-    return float(found["n"]) * _SECONDS[found["unit"]]
+    seconds = float(found["n"]) * _SECONDS[found["unit"]]
+    if not math.isfinite(seconds):
+        # Past a float's range: it was stored as infinity, shown as "older than infs"
+        # and as null in JSON, like a rule with no age at all.
+        raise InvalidRequest(f"{name}: {text!r} is too long a duration to be stored")
+    return seconds
 
 
 def settings_rules(settings: Settings) -> list[Rule]:
