@@ -109,6 +109,30 @@ def test_values_json_has_not_become_null_with_a_loss_entry() -> None:
     assert prepare(built.raw).doc == built.doc
 
 
+def test_numbers_past_a_double_stay_exact_or_are_reported() -> None:
+    # orjson read the JSON columns: 2**64 became 1.8446744073709552e+19 and 1e-400 0.0,
+    # and the document still said lossless (found by exploratory QA).
+    seed, wide = 2**64, 10**29 + 7
+    exact = SessionRows(
+        _session(metadata=f'{{"seed": {seed}, "wide": -{wide}, "ratio": 0.1, "n": 3}}'),
+        steps=[_step()],
+    )
+    built = build_rollout(exact, "s-1")
+    assert built.doc["trace"]["metadata"] == {"seed": seed, "wide": -wide, "ratio": 0.1, "n": 3}
+    assert f'"seed":{seed}'.encode() in built.raw
+    assert f'"wide":-{wide}'.encode() in built.raw
+    assert built.doc[IMPORT_KEY]["lossless"] is True
+    # A fraction no double holds is written rounded, and the loss report says so.
+    rounded = SessionRows(
+        _session(metadata='{"tiny": 1e-400, "long": 0.10000000000000000000001, "ok": 2.5}'),
+        steps=[_step()],
+    )
+    built = build_rollout(rounded, "s-1")
+    assert built.doc["trace"]["metadata"] == {"tiny": 0.0, "long": 0.1, "ok": 2.5}
+    assert _losses(built.doc)["trace.metadata"] == ("replaced", 1)
+    assert built.doc[IMPORT_KEY]["lossless"] is False
+
+
 def test_items_join_their_step_by_timestep_id_else_by_step_id() -> None:
     rows = SessionRows(
         _session(num_timesteps=2, num_events=3, num_messages=2),

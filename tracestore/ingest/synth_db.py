@@ -24,6 +24,7 @@ import math
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -33,6 +34,7 @@ import orjson
 from tracestore.convert.report import LossEntry, LossKind
 from tracestore.correlation import cid_from_url, clean_cid
 from tracestore.errors import InvalidRequest
+from tracestore.jsontext import may_hold_inexact_numbers
 
 IMPORTER = "tracestore.ingest.synth_db"
 # Bump when the document built from the same rows changes: it is recorded in each one.
@@ -319,23 +321,41 @@ def _json(value: object, where: str, losses: _Losses) -> Any:
     """A JSON text column's value, parsed (synth-ai writes them with Python's json)."""
     if not isinstance(value, str | bytes):
         return value  # NULL, or a number a TEXT column holds as one
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        pass
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    # orjson reads an integer past 64 bits as a float and 1e-400 as 0.0: such text goes to
+    # the standard library, which keeps integers whole (the document is then written by
+    # it too: _dumps), and a number no double holds is reported, not changed silently.
+    exact = may_hold_inexact_numbers(raw)
+    if not exact:
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
     constants: list[str] = []
+    rounded: list[str] = []
 
     def constant(name: str) -> None:
         constants.append(name)
 
+    def number(text: str) -> float:
+        found = float(text)
+        # Written back as its shortest repr: is that still the number synth-ai wrote?
+        if not math.isfinite(found) or Decimal(repr(found)) != Decimal(text):
+            rounded.append(text)
+        return found
+
     try:
         # Python's json writes NaN and Infinity, which JSON (and tracestore) has not.
-        parsed = json.loads(value, parse_constant=constant)
+        parsed = json.loads(value, parse_constant=constant, parse_float=number)
     except ValueError:
         losses.add(where, "default", "not JSON in synth-ai's store: kept as its text")
         return value if isinstance(value, str) else value.decode("utf-8", "replace")
     if constants:
         losses.add(where, "default", "NaN or Infinity (not JSON) written as null")
+    if rounded:
+        losses.add(
+            where, "replaced", "a number past a double's precision or range, written rounded"
+        )
     return parsed
 
 
