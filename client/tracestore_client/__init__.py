@@ -15,7 +15,7 @@ from tracestore_client.client import (
     path_segment,
 )
 from tracestore_client.encoding import Rollout, encode_rollout
-from tracestore_client.errors import NonFiniteNumberError, TracestoreHTTPError
+from tracestore_client.errors import NonFiniteNumberError, TracestoreHTTPError, UnexpectedAnswer
 from tracestore_client.retry import RETRY_STATUSES, RetryPolicy, is_retryable, retry_after
 from tracestore_client.spool import ReplayResult, Spool, SpoolStatus
 
@@ -34,6 +34,7 @@ __all__ = [
     "SpoolStatus",
     "TracestoreClient",
     "TracestoreHTTPError",
+    "UnexpectedAnswer",
     "encode_rollout",
     "is_retryable",
     "path_segment",

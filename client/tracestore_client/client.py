@@ -36,7 +36,7 @@ from typing import Any, TypeAlias, TypeVar
 import httpx
 
 from tracestore_client.encoding import Rollout, encode_rollout, loads, run_id_of
-from tracestore_client.errors import TracestoreHTTPError, response_body
+from tracestore_client.errors import TracestoreHTTPError, UnexpectedAnswer, response_body
 from tracestore_client.retry import Attempts, RetryPolicy, describe_error, is_retryable
 from tracestore_client.spool import NOT_TRIED, Outcome, ReplayResult, Spool, batches
 
@@ -100,6 +100,11 @@ def _encode(body: bytes, gzip_above: int) -> tuple[bytes, dict[str, str]]:
     if len(body) > gzip_above:
         return gzip.compress(body, compresslevel=5), {"Content-Encoding": "gzip"}
     return body, {}
+
+
+def _stored(body: Any) -> bool:
+    """Whether a success's body is tracestore's answer to a stored rollout."""
+    return isinstance(body, dict) and body.get("status") in ("created", "duplicate")
 
 
 def _spooled(raw: bytes, spool: Spool) -> dict[str, Any]:
@@ -233,6 +238,8 @@ class _Core:
 
     def _spool_for(self, exc: Exception) -> Spool | None:
         """The spool a failed post goes to: only when the server could not take it."""
+        if isinstance(exc, UnexpectedAnswer):
+            return self.spool  # not stored: kept until a tracestore server takes it
         if isinstance(exc, TracestoreHTTPError) and not is_retryable(exc.status):
             return None  # refused for good (conflict, invalid, ...): the caller must know
         return self.spool
@@ -261,13 +268,15 @@ class _Core:
         raw = encode_rollout(rollout)
         try:
             response = yield from self._send("/v1/rollouts", raw, _JSON)
+            body = response_body(response)
+            if response.status_code in (200, 201) and not _stored(body):
+                raise UnexpectedAnswer(response.status_code, body, "answer to a rollout")
         except (httpx.TransportError, TracestoreHTTPError) as exc:
             spool = self._spool_for(exc)
             if spool is None:
                 raise
             yield from self._spool_write(spool, [raw], exc)
             return _spooled(raw, spool)
-        body = response_body(response)
         if response.status_code in (200, 201):
             yield from self._contact()
             return dict(body)
@@ -278,13 +287,17 @@ class _Core:
         raws = [encode_rollout(r, index=i) for i, r in enumerate(rollouts)]
         try:
             response = yield from self._send("/v1/rollouts/batch", b"\n".join(raws), _NDJSON)
+            body = response_body(response)
+            if 200 <= response.status_code < 300 and not (
+                isinstance(body, dict) and isinstance(body.get("results"), list)
+            ):
+                raise UnexpectedAnswer(response.status_code, body, "answer to a batch")
         except (httpx.TransportError, TracestoreHTTPError) as exc:
             spool = self._spool_for(exc)
             if spool is None:
                 raise
             yield from self._spool_write(spool, raws, exc)
             return _spooled_batch(raws, spool)
-        body = response_body(response)
         if response.status_code == 207:
             yield from self._contact()
             return dict(body)

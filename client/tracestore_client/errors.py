@@ -19,6 +19,24 @@ class TracestoreHTTPError(Exception):
         super().__init__(f"{status} {self.code}: {error.get('message', body)}")
 
 
+class UnexpectedAnswer(TracestoreHTTPError):
+    """A success status whose body is not tracestore's answer (HTML from a proxy or a
+    sign-in page, a wrong base URL): nothing says the rollout was stored. A post with a
+    spool spools it; otherwise this is raised."""
+
+    def __init__(self, status: int, body: Any, expected: str) -> None:
+        super().__init__(
+            status,
+            {
+                "error": {
+                    "code": "unexpected_answer",
+                    "message": f"the answer is not tracestore's {expected} (is the base URL "
+                    f"right?): {str(body)[:200]}",
+                }
+            },
+        )
+
+
 class NonFiniteNumberError(ValueError):
     """A rollout holds NaN or Infinity: JSON cannot carry them, and the server refuses them.
 

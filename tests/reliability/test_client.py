@@ -39,6 +39,7 @@ from tracestore.client import (
     Spool,
     TracestoreClient,
     TracestoreHTTPError,
+    UnexpectedAnswer,
 )
 from tracestore.db.engine import create_engine
 
@@ -351,3 +352,62 @@ def test_large_rollouts_go_gzipped_and_are_stored_exactly(shared: ServerProcess)
         _assert_stored(engine, [big, small])
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def not_tracestore() -> Iterator[str]:
+    """A real HTTP server answering every request 200 with a sign-in page (a proxy or a
+    wrong base URL in front of, or instead of, tracestore)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class SignIn(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            page = b"<html><body>Please sign in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), SignIn)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_success_that_is_not_tracestores_answer_is_not_taken_for_stored(
+    not_tracestore: str, tmp_path: Path
+) -> None:
+    # A 200 with HTML returned {"error": {...}} from post_rollout as if it had worked: the
+    # rollout was lost without a word, spool or not (found by exploratory QA).
+    raw = RolloutFactory("proxied").make()
+    with TracestoreClient(not_tracestore) as client:
+        with pytest.raises(UnexpectedAnswer, match="not tracestore's answer") as refused:
+            client.post_rollout(raw)
+        assert refused.value.code == "unexpected_answer"
+        with pytest.raises(UnexpectedAnswer):
+            client.post_batch([raw])
+
+    async def post_async() -> None:
+        async with AsyncTracestoreClient(not_tracestore) as client:
+            await client.post_rollout(raw)
+
+    with pytest.raises(UnexpectedAnswer):
+        asyncio.run(post_async())
+    # With a spool, the rollout waits there for a tracestore server.
+    spool_path = tmp_path / "spool"
+    with TracestoreClient(not_tracestore, spool=spool_path, replay_on_contact=False) as client:
+        assert client.post_rollout(raw)["status"] == "spooled"
+        assert client.post_batch([raw])["summary"]["spooled"] == 1
+    assert _records_clean(Spool(spool_path)) == [raw, raw]
