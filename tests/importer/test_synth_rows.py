@@ -8,12 +8,21 @@ is rebuilt, and what could not be kept is in the loss report, never silently cha
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tracestore.ingest.service import prepare
-from tracestore.ingest.synth_db import _COLUMNS, IMPORT_KEY, SessionRows, build_rollout
+from tracestore.ingest.synth_db import (
+    _COLUMNS,
+    IMPORT_KEY,
+    SessionRows,
+    SynthDatabaseError,
+    build_rollout,
+    read_run_id_map,
+)
 
 
 def _row(table: str, **values: Any) -> dict[str, Any]:
@@ -270,3 +279,21 @@ def test_the_same_rows_give_the_same_bytes() -> None:
     assert doc["trace"]["session_id"] == "s-1"
     assert doc["metrics"]["episode_returns"] == [2.0]
     assert doc["metrics"]["outcome_score"] == 3.0
+
+
+def test_a_bad_map_file_is_named_and_a_spreadsheets_csv_is_read(tmp_path: Path) -> None:
+    # A malformed --map said "internal error: JSONDecodeError" without the file, and a
+    # spreadsheet's "CSV UTF-8" (a byte-order mark first) was refused (exploratory QA).
+    bom = tmp_path / "map.csv"
+    bom.write_bytes(b"\xef\xbb\xbfsession_id,run_id\ns-1,run-a\n")
+    assert read_run_id_map(bom) == {"s-1": "run-a"}
+    cases = {
+        "bad.json": (b'{"s-1": "run-a",', "bad.json: not valid JSON"),
+        "latin.json": (b'{"s-1": "caf\xe9"}', "latin.json: not UTF-8 text"),
+        "holes.csv": (b"session_id,run_id\ns-1,run-a\ns-2,\n", "holes.csv:3: a row without"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(SynthDatabaseError, match=message):
+            read_run_id_map(path)

@@ -778,15 +778,27 @@ def read_run_id_map(path: Path) -> dict[str, str]:
     """session_id -> run_id from a JSON object file, or a CSV with those two columns."""
     import csv
 
-    text = path.read_text(encoding="utf-8")
+    try:
+        # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark.
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SynthDatabaseError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     if path.suffix.lower() == ".json":
-        value = orjson.loads(text)
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise SynthDatabaseError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise SynthDatabaseError(f"{path}: expected a JSON object of session_id -> run_id")
         return {str(k): v for k, v in value.items()}
     rows = list(csv.DictReader(text.splitlines()))
     if rows and not {"session_id", "run_id"} <= set(rows[0]):
         raise SynthDatabaseError(f"{path}: expected CSV columns session_id,run_id")
+    for line, row in enumerate(rows, start=2):
+        if not row["session_id"] or not row["run_id"]:
+            raise SynthDatabaseError(f"{path}:{line}: a row without its session_id or run_id")
     return {r["session_id"]: r["run_id"] for r in rows}
 
 
