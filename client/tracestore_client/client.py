@@ -325,8 +325,11 @@ class _Core:
 
     def _get_json(self, path: str, params: dict[str, str] | None = None) -> _Flow[Any]:
         response = yield from self._get(path, params)
-        # Large documents parse off the event loop in the async client.
-        return (yield _Blocking(functools.partial(loads, response.content)))
+        try:
+            # Large documents parse off the event loop in the async client.
+            return (yield _Blocking(functools.partial(loads, response.content)))
+        except ValueError:  # a 200 that is not JSON: not tracestore answering
+            raise UnexpectedAnswer(response.status_code, response.text, "JSON") from None
 
     def _get_rollout(self, run_id: str) -> _Flow[Any]:
         return (yield from self._get_json(_rollout_path(run_id)))

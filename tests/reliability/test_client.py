@@ -405,6 +405,12 @@ def test_a_success_that_is_not_tracestores_answer_is_not_taken_for_stored(
 
     with pytest.raises(UnexpectedAnswer):
         asyncio.run(post_async())
+    # A read's 200 that is not JSON raised json.JSONDecodeError.
+    with TracestoreClient(not_tracestore) as client:
+        with pytest.raises(UnexpectedAnswer, match="not tracestore's JSON"):
+            client.get_rollout("proxied")
+        with pytest.raises(UnexpectedAnswer):
+            client.info()
     # With a spool, the rollout waits there for a tracestore server.
     spool_path = tmp_path / "spool"
     with TracestoreClient(not_tracestore, spool=spool_path, replay_on_contact=False) as client:
