@@ -55,7 +55,9 @@ class RetryPolicy:
     max_retries: int = 5
     backoff: float = 0.5
     max_backoff: float = 30.0
-    # Wall-clock budget for one call, all attempts and waits included (None: no budget).
+    # Wall-clock budget for one call's attempts and waits (None: no budget), checked
+    # between attempts: an attempt in progress is bounded by the client's timeout for each
+    # network wait only (docs/RELIABILITY.md).
     max_time: float | None = 300.0
 
     def delay(self, attempt: int, asked: float | None) -> float:
