@@ -156,6 +156,20 @@ def test_run_list_filters_and_pages(http: httpx.Client, examples: list[Example])
     bad = http.get("/runs", params={"since": "yesterday-ish"})
     assert bad.status_code == 422
     assert "since" in bad.text
+    # Parameters the framework checks were answered with the API's JSON (exploratory QA):
+    # a page, like the one above; the API's routes keep their JSON.
+    for path, params in [
+        ("/runs", {"limit": "abc"}),
+        (f"/runs/{path_segment(SHARED_CID_RUN)}", {"step": "-1"}),
+        (f"/runs/{path_segment(SHARED_CID_RUN)}", {"offset": str(10**30)}),
+    ]:
+        page = http.get(path, params=params)
+        assert page.status_code == 422, (path, params)
+        assert page.headers["content-type"].startswith("text/html"), (path, params)
+        assert next(iter(params)) in page.text, (path, params)
+    api = http.get("/v1/rollouts", params={"limit": "abc"})
+    assert api.status_code == 422
+    assert api.json()["error"]["code"] == "invalid_request"
     # Empty form fields are no filter.
     assert http.get("/runs", params={"env_id": "", "has_drift": ""}).status_code == 200
 
