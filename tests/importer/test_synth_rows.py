@@ -8,6 +8,7 @@ is rebuilt, and what could not be kept is in the loss report, never silently cha
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,13 @@ from tracestore.ingest.service import prepare
 from tracestore.ingest.synth_db import (
     _COLUMNS,
     IMPORT_KEY,
+    Imported,
     SessionRows,
+    SynthDatabase,
     SynthDatabaseError,
+    Unreadable,
     build_rollout,
+    iter_rollouts,
     read_run_id_map,
 )
 
@@ -297,3 +302,38 @@ def test_a_bad_map_file_is_named_and_a_spreadsheets_csv_is_read(tmp_path: Path) 
         path.write_bytes(content)
         with pytest.raises(SynthDatabaseError, match=message):
             read_run_id_map(path)
+
+
+def test_a_session_the_driver_cannot_read_is_reported_and_the_others_imported(
+    tmp_path: Path,
+) -> None:
+    # One message not UTF-8 failed the batch's read: the whole import stopped, the good
+    # sessions of that batch unstored, and running it again failed the same way (QA).
+    path = tmp_path / "synth.db"
+    conn = sqlite3.connect(path)
+    for table, columns in _COLUMNS.items():
+        conn.execute(f'CREATE TABLE "{table}" ({", ".join(columns)})')
+    for sid in ("ok-1", "bad-1", "ok-2"):
+        conn.execute(
+            "INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events, "
+            "num_messages, metadata) VALUES (?, '2025-11-20T12:00:00+00:00', 0, 0, 1, '{}')",
+            (sid,),
+        )
+        # Text that is not UTF-8 in a TEXT column: what the driver cannot give as str.
+        content = "CAST(X'68ff69' AS TEXT)" if sid == "bad-1" else "'hi'"
+        conn.execute(
+            "INSERT INTO messages (id, session_id, message_type, content) "
+            f"VALUES (NULL, ?, 'user', {content})",
+            (sid,),
+        )
+    conn.commit()
+    conn.close()
+    with SynthDatabase(path) as db:
+        for batch in (64, 1):
+            out = list(iter_rollouts(db, db.session_ids(), batch=batch))
+            kinds = {o.session_id: o for o in out}
+            assert set(kinds) == {"ok-1", "bad-1", "ok-2"}
+            bad = kinds["bad-1"]
+            assert isinstance(bad, Unreadable)
+            assert "Could not decode to UTF-8" in bad.message
+            assert all(isinstance(kinds[s], Imported) for s in ("ok-1", "ok-2"))

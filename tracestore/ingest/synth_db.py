@@ -811,6 +811,12 @@ class Unreadable:
     message: str
 
 
+def _one_session_at_fault(exc: SynthDatabaseError) -> bool:
+    # sqlite3's words for a value it cannot give as text; anything else (a damaged page,
+    # a lock held past the wait) is the file's, not one session's, and stops the import.
+    return "Could not decode to UTF-8" in exc.message
+
+
 def iter_rollouts(
     db: SynthDatabase,
     session_ids: Sequence[str],
@@ -825,7 +831,24 @@ def iter_rollouts(
     """
     mapping = run_ids or {}
     for start in range(0, len(session_ids), batch):
-        for rows in db.read(session_ids[start : start + batch]):
+        ids = session_ids[start : start + batch]
+        try:
+            read = db.read(ids)
+        except SynthDatabaseError as exc:
+            if not _one_session_at_fault(exc):
+                raise
+            # A row of one session the driver cannot read (text that is not UTF-8) failed
+            # the whole batch, and every later run of the import: each session alone, the
+            # unreadable ones reported, the others imported.
+            read = []
+            for sid in ids:
+                try:
+                    read += db.read([sid])
+                except SynthDatabaseError as alone:
+                    if not _one_session_at_fault(alone):
+                        raise
+                    yield Unreadable(sid, mapping.get(sid, sid), alone.message)
+        for rows in read:
             sid = str(rows.session["session_id"])
             run_id = mapping.get(sid, sid)
             try:
