@@ -337,3 +337,21 @@ def test_a_session_the_driver_cannot_read_is_reported_and_the_others_imported(
             assert isinstance(bad, Unreadable)
             assert "Could not decode to UTF-8" in bad.message
             assert all(isinstance(kinds[s], Imported) for s in ("ok-1", "ok-2"))
+
+
+def test_blob_content_is_its_text_not_pythons_repr() -> None:
+    # A BLOB in `messages.content` came out as the text "b'hello bytes'" (QA).
+    def message(pk: int, content: bytes) -> dict[str, Any]:
+        return _row("messages", id=pk, session_id="s-1", message_type="user", content=content)
+
+    rows = SessionRows(
+        _session(num_messages=2),
+        steps=[_step()],
+        messages=[message(1, b"hello bytes"), message(2, b"h\xffi")],
+    )
+    built = build_rollout(rows, "s-1")
+    texts = [m["content"]["text"] for m in built.doc["trace"]["markov_blanket_message_history"]]
+    assert texts == ["hello bytes", "h\ufffdi"]
+    path = "trace.markov_blanket_message_history[*].content"
+    assert _losses(built.doc)[path] == ("replaced", 1)  # only the bytes that were not text
+    assert built.doc[IMPORT_KEY]["lossless"] is False

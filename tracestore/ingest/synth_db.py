@@ -390,7 +390,20 @@ def _is_json_container(text: str) -> bool:
 
 def _content(text: object, meta: object, losses: _Losses) -> dict[str, Any]:
     """A message's content as SessionMessageContent, from the one `content` column."""
-    if not isinstance(text, str):
+    if isinstance(text, bytes):
+        # A BLOB in the column (another writer of the schema): its text when it is UTF-8;
+        # str() gave Python's repr, "b'...'", as if it were the content.
+        blob = text
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError:
+            text = blob.decode("utf-8", "replace")
+            losses.add(
+                "trace.markov_blanket_message_history[*].content",
+                "replaced",
+                "bytes that are not UTF-8 text: undecodable bytes written as U+FFFD",
+            )
+    elif not isinstance(text, str):
         text = "" if text is None else str(text)
     if isinstance(meta, dict):
         # synth-ai's store (insert_session_trace, insert_message_row) writes the payload or
