@@ -9,6 +9,8 @@ is rebuilt, and what could not be kept is in the loss report, never silently cha
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from tracestore.ingest.synth_db import (
     iter_rollouts,
     read_run_id_map,
 )
+
+TRACESTORE = str(Path(sys.executable).parent / "tracestore")
 
 
 def _row(table: str, **values: Any) -> dict[str, Any]:
@@ -304,23 +308,18 @@ def test_a_bad_map_file_is_named_and_a_spreadsheets_csv_is_read(tmp_path: Path) 
             read_run_id_map(path)
 
 
-def test_a_session_the_driver_cannot_read_is_reported_and_the_others_imported(
-    tmp_path: Path,
-) -> None:
-    # One message not UTF-8 failed the batch's read: the whole import stopped, the good
-    # sessions of that batch unstored, and running it again failed the same way (QA).
-    path = tmp_path / "synth.db"
+def _synth_db(path: Path, sessions: dict[str | None, str]) -> Path:
+    """A database of synth-ai's tables (as the importer reads them): a session per key
+    (None: a NULL session_id), each with one message whose content is the SQL given."""
     conn = sqlite3.connect(path)
     for table, columns in _COLUMNS.items():
         conn.execute(f'CREATE TABLE "{table}" ({", ".join(columns)})')
-    for sid in ("ok-1", "bad-1", "ok-2"):
+    for sid, content in sessions.items():
         conn.execute(
             "INSERT INTO session_traces (session_id, created_at, num_timesteps, num_events, "
             "num_messages, metadata) VALUES (?, '2025-11-20T12:00:00+00:00', 0, 0, 1, '{}')",
             (sid,),
         )
-        # Text that is not UTF-8 in a TEXT column: what the driver cannot give as str.
-        content = "CAST(X'68ff69' AS TEXT)" if sid == "bad-1" else "'hi'"
         conn.execute(
             "INSERT INTO messages (id, session_id, message_type, content) "
             f"VALUES (NULL, ?, 'user', {content})",
@@ -328,6 +327,19 @@ def test_a_session_the_driver_cannot_read_is_reported_and_the_others_imported(
         )
     conn.commit()
     conn.close()
+    return path
+
+
+def test_a_session_the_driver_cannot_read_is_reported_and_the_others_imported(
+    tmp_path: Path,
+) -> None:
+    # One message not UTF-8 failed the batch's read: the whole import stopped, the good
+    # sessions of that batch unstored, and running it again failed the same way (QA).
+    # Text that is not UTF-8 in a TEXT column: what the driver cannot give as str.
+    path = _synth_db(
+        tmp_path / "synth.db",
+        {"ok-1": "'hi'", "bad-1": "CAST(X'68ff69' AS TEXT)", "ok-2": "'hi'"},
+    )
     with SynthDatabase(path) as db:
         for batch in (64, 1):
             out = list(iter_rollouts(db, db.session_ids(), batch=batch))
@@ -355,3 +367,20 @@ def test_blob_content_is_its_text_not_pythons_repr() -> None:
     path = "trace.markov_blanket_message_history[*].content"
     assert _losses(built.doc)[path] == ("replaced", 1)  # only the bytes that were not text
     assert built.doc[IMPORT_KEY]["lossless"] is False
+
+
+def test_a_session_without_an_id_is_counted_invalid(tmp_path: Path) -> None:
+    # SQLite lets the TEXT primary key hold NULL: such a row was left out without a word
+    # ("1 sessions" for two rows, exit 0; QA).
+    path = _synth_db(tmp_path / "synth.db", {"ok-1": "'hi'", None: "'lost'"})
+    done = subprocess.run(
+        [TRACESTORE, "import", "synth-db", str(path), "--db", f"sqlite:///{tmp_path / 's.db'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "1 created" in done.stdout
+    assert "1 invalid" in done.stdout
+    assert "a session_traces row without a session_id" in done.stdout

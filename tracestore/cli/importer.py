@@ -153,11 +153,17 @@ def synth_db(
     started = time.perf_counter()
     with reported_errors(), progress, source:
         ids = source.session_ids()
+        without_id = source.sessions_without_id()
         task = progress.add_task(escape(path.name), total=len(ids))
 
         def items() -> Iterator[FileItem]:
             from tracestore.errors import InvalidRollout
 
+            # Counted as invalid, not left out without a word (the summary said "1
+            # sessions" for two rows, exit 0).
+            for _ in range(without_id):
+                refused = InvalidRollout("a session_traces row without a session_id: not read")
+                yield FileItem(b"", refused, "a session without an id")
             for built in iter_rollouts(source, ids, mapping, batch_size):
                 progress.advance(task)
                 where = f"session {built.session_id!r}"

@@ -218,11 +218,23 @@ class SynthDatabase:
         """Every session id, oldest first (ties by id): the import's order."""
         try:
             rows = self.conn.execute(
-                "SELECT session_id FROM session_traces ORDER BY created_at, session_id"
+                "SELECT session_id FROM session_traces WHERE session_id IS NOT NULL "
+                "ORDER BY created_at, session_id"
             )
             return [row[0] for row in rows]
         except sqlite3.Error as exc:
             raise SynthDatabaseError(f"{self.path}: cannot read it: {exc}") from None
+
+    def sessions_without_id(self) -> int:
+        """Rows of session_traces whose session_id is NULL (SQLite lets a TEXT primary key
+        hold NULL): nothing of theirs can be joined, so they cannot be imported."""
+        try:
+            found = self.conn.execute(
+                "SELECT count(*) FROM session_traces WHERE session_id IS NULL"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise SynthDatabaseError(f"{self.path}: cannot read it: {exc}") from None
+        return int(found[0])
 
     def _select(self, table: str, where: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         present = self.columns[table]
