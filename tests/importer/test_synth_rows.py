@@ -384,3 +384,15 @@ def test_a_session_without_an_id_is_counted_invalid(tmp_path: Path) -> None:
     assert "1 created" in done.stdout
     assert "1 invalid" in done.stdout
     assert "a session_traces row without a session_id" in done.stdout
+
+
+def test_a_repeated_key_in_a_json_column_is_reported() -> None:
+    # {"a": 1, "a": 2} became {"a": 2} and the document said lossless (QA); a document
+    # posted with a repeated key is refused.
+    rows = SessionRows(_session(metadata='{"a": 1, "a": 2, "b": {"c": 1}}'), steps=[_step()])
+    built = build_rollout(rows, "s-1")
+    assert built.doc["trace"]["metadata"] == {"a": 2, "b": {"c": 1}}
+    assert _losses(built.doc)["trace.metadata"] == ("lost", 1)
+    assert built.doc[IMPORT_KEY]["lossless"] is False
+    clean = build_rollout(SessionRows(_session(metadata='{"a": 1}'), steps=[_step()]), "s-1")
+    assert clean.doc[IMPORT_KEY]["lossless"] is True

@@ -34,7 +34,7 @@ import orjson
 from tracestore.convert.report import LossEntry, LossKind
 from tracestore.correlation import cid_from_url, clean_cid
 from tracestore.errors import InvalidRequest
-from tracestore.jsontext import may_hold_inexact_numbers
+from tracestore.jsontext import may_hold_inexact_numbers, repeats_keys
 
 IMPORTER = "tracestore.ingest.synth_db"
 # Bump when the document built from the same rows changes: it is recorded in each one.
@@ -340,7 +340,7 @@ def _json(value: object, where: str, losses: _Losses) -> Any:
     exact = may_hold_inexact_numbers(raw)
     if not exact:
         try:
-            return orjson.loads(value)
+            return _unique_keys(orjson.loads(value), raw, where, losses)
         except orjson.JSONDecodeError:
             pass
     constants: list[str] = []
@@ -368,6 +368,14 @@ def _json(value: object, where: str, losses: _Losses) -> Any:
         losses.add(
             where, "replaced", "a number past a double's precision or range, written rounded"
         )
+    return _unique_keys(parsed, raw, where, losses)
+
+
+def _unique_keys(parsed: Any, raw: bytes, where: str, losses: _Losses) -> Any:
+    """`parsed`, with a loss entry when its text repeats a key in an object: both parsers
+    keep the last value, and tracestore refuses such a document when it is posted."""
+    if repeats_keys(raw, parsed):
+        losses.add(where, "lost", "a key repeated in an object: the last value kept")
     return parsed
 
 
