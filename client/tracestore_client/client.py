@@ -56,6 +56,9 @@ def path_segment(value: str) -> str:
 
 
 def _rollout_path(run_id: str) -> str:
+    if not run_id:
+        # "/v1/rollouts/" is the list's address (a 307 to it, with no message).
+        raise ValueError("run_id is empty: a run has a non-empty run_id")
     return "/v1/rollouts/" + path_segment(run_id)
 
 

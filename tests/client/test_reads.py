@@ -119,3 +119,11 @@ def test_async_reads_match_the_sync_ones(
     assert got["info"]["limits"]["max_batch_items"] == Settings().max_batch_items
     assert got["report"]["summary"]["runs"] == len(created(examples))
     assert orjson.loads(got["bytes"]) == crafter.doc
+
+
+def test_an_empty_run_id_is_refused_before_anything_is_sent() -> None:
+    # "" made the list's address: a 307 with an empty message (exploratory QA).
+    with TracestoreClient("http://127.0.0.1:9") as client:  # nothing listens: not reached
+        for read in (client.get_rollout, client.get_trace, client.get_rollout_bytes):
+            with pytest.raises(ValueError, match="run_id is empty"):
+                read("")

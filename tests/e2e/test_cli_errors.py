@@ -507,3 +507,9 @@ def test_a_bad_setting_is_named_in_one_line_by_every_verb(
     done = CliRunner().invoke(app, [*verb, "--db", _db(place / "store.db")])
     assert expect in done.stderr
     assert "internal error" not in done.stderr
+
+
+def test_show_of_an_empty_run_id_says_so_with_db_or_url(place: Path) -> None:
+    # With --url the client's refusal of an empty run_id came out as an internal error.
+    one_line_error(["show", "", "--db", _db(place / "store.db")], "no rollout with run_id ''")
+    one_line_error(["show", "", "--url", "http://127.0.0.1:9"], "no rollout with run_id ''")

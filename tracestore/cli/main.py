@@ -158,6 +158,8 @@ def show(
     """Print a stored rollout exactly as it was received (from --db, or a server at --url)."""
     remote = server_url(db, url)
     if remote is not None:
+        if not run_id:  # as the store answers it (the client refuses an empty run_id)
+            fail("no rollout with run_id ''")
         with remote_client(remote, api_key) as client:
             raw = client.get_rollout_bytes(run_id)
     else:
