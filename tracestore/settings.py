@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tracestore.errors import InvalidRequest
+from tracestore.retention.age import parse_age
 
 DEFAULT_DATABASE_URL = "sqlite:///./tracestore.db"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -69,15 +71,12 @@ class RetentionRuleSetting(BaseModel):
     @field_validator("max_age")
     @classmethod
     def _check_age(cls, value: str | None) -> str | None:
-        # The grammar of tracestore.retention.sweep.parse_age, checked at startup.
-        if value is None:
-            return value
-        found = re.fullmatch(r"\s*(\d+(\.\d+)?)\s*[smhdw]\s*", value)
-        if found is None:
-            raise ValueError(f"cannot read {value!r} as a duration: 90s, 30m, 12h, 30d, 2w")
-        # In weeks, the largest unit: past a float's range it would be stored as infinity.
-        if not math.isfinite(float(found[1]) * 604800):
-            raise ValueError(f"{value!r} is too long a duration to be stored")
+        # Checked at startup, as the sweep will read it (a ValueError for pydantic).
+        if value is not None:
+            try:
+                parse_age(value)
+            except InvalidRequest as exc:
+                raise ValueError(exc.message.removeprefix("max age: ")) from None
         return value
 
 
@@ -250,8 +249,9 @@ class Settings(BaseSettings):
             role = client.key.rpartition(":")[2]
             if ":" in client.key and role.lower() in ROLES:
                 raise ValueError(
-                    f"the key named {client.name!r} ends in the role {role!r}: roles are "
-                    f"lower-case ({', '.join(ROLES)})"
+                    f"the key named {client.name!r} ends in ':{role}', a role's name, that "
+                    "is not read as its role: write NAME:KEY:ROLE with a NAME of letters, "
+                    f"digits, '.', '_' or '-' and a ROLE of {' or '.join(ROLES)}, lower-case"
                 )
             if client.name in RESERVED_CLIENTS:
                 raise ValueError(f"{client.name!r} is reserved: name the key otherwise")

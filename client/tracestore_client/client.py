@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import json
 import logging
 import os
 import threading
@@ -273,7 +274,7 @@ class _Core:
             response = yield from self._send("/v1/rollouts", raw, _JSON)
             body = response_body(response)
             if response.status_code in (200, 201) and not _stored(body):
-                raise UnexpectedAnswer(response.status_code, body, "answer to a rollout")
+                raise UnexpectedAnswer(response, "answer to a rollout")
         except (httpx.TransportError, TracestoreHTTPError) as exc:
             spool = self._spool_for(exc)
             if spool is None:
@@ -294,7 +295,7 @@ class _Core:
             if 200 <= response.status_code < 300 and not (
                 isinstance(body, dict) and isinstance(body.get("results"), list)
             ):
-                raise UnexpectedAnswer(response.status_code, body, "answer to a batch")
+                raise UnexpectedAnswer(response, "answer to a batch")
         except (httpx.TransportError, TracestoreHTTPError) as exc:
             spool = self._spool_for(exc)
             if spool is None:
@@ -331,14 +332,17 @@ class _Core:
         try:
             # Large documents parse off the event loop in the async client.
             return (yield _Blocking(functools.partial(loads, response.content)))
-        except ValueError:  # a 200 that is not JSON: not tracestore answering
-            raise UnexpectedAnswer(response.status_code, response.text, "JSON") from None
+        except json.JSONDecodeError:  # a 200 that is not JSON: not tracestore answering
+            raise UnexpectedAnswer(response, "JSON") from None
 
     def _get_rollout(self, run_id: str) -> _Flow[Any]:
         return (yield from self._get_json(_rollout_path(run_id)))
 
     def _get_rollout_bytes(self, run_id: str) -> _Flow[bytes]:
         response = yield from self._get(_rollout_path(run_id))
+        # tracestore serves a rollout as JSON: a sign-in page is not the rollout's bytes.
+        if "json" not in response.headers.get("content-type", ""):
+            raise UnexpectedAnswer(response, "rollout (JSON)")
         return response.content
 
     def _get_part(self, run_id: str, part: str) -> _Flow[Any]:

@@ -24,14 +24,15 @@ class UnexpectedAnswer(TracestoreHTTPError):
     sign-in page, a wrong base URL): nothing says the rollout was stored. A post with a
     spool spools it; otherwise this is raised."""
 
-    def __init__(self, status: int, body: Any, expected: str) -> None:
+    def __init__(self, response: httpx.Response, expected: str) -> None:
+        text = response.text[:200]
         super().__init__(
-            status,
+            response.status_code,
             {
                 "error": {
                     "code": "unexpected_answer",
-                    "message": f"the answer is not tracestore's {expected} (is the base URL "
-                    f"right?): {str(body)[:200]}",
+                    "message": f"not tracestore's {expected} (is the base URL right?); "
+                    f"{response.headers.get('content-type', 'no content type')}: {text!r}",
                 }
             },
         )

@@ -219,9 +219,13 @@ def test_roles_are_read_from_the_key_list() -> None:
     ]
 
 
-@pytest.mark.parametrize("entry", ["b:k2:Admin", "b:k2:WRITE", "b:k:with:colons:ADMIN"])
-def test_a_role_in_other_letter_case_is_refused_not_read_into_the_key(entry: str) -> None:
+@pytest.mark.parametrize(
+    "entry",
+    ["b:k2:Admin", "b:k2:WRITE", "b:k:with:colons:ADMIN", "my key:admin", "n:a:admin:write"],
+)
+def test_a_role_not_read_as_one_is_refused_not_read_into_the_key(entry: str) -> None:
     # `b:k2:Admin` was the write key `k2:Admin`: the intended key k2 got 401, and the key
-    # text with the role's typo in it was accepted (found by exploratory QA).
-    with pytest.raises(ValidationError, match="roles are lower-case"):
+    # text with the role's typo in it was accepted (found by exploratory QA). So was a
+    # name that is not one (`my key:admin`, a key named by its place).
+    with pytest.raises(ValidationError, match="a role's name, that is not read as its role"):
         Settings(api_keys=["a:k1:admin", entry])

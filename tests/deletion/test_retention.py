@@ -22,8 +22,9 @@ from tracestore.db.uow import read_session, write_session
 from tracestore.errors import Conflict, InvalidRequest
 from tracestore.ingest.service import ingest_bytes, ingest_many
 from tracestore.retention import schedule
+from tracestore.retention.age import parse_age
 from tracestore.retention.space import store_size, vacuum
-from tracestore.retention.sweep import all_rules, apply, parse_age, plan
+from tracestore.retention.sweep import all_rules, apply, plan
 from tracestore.settings import RetentionRuleSetting, Settings
 from tracestore.store.datasets import (
     create_dataset,
@@ -257,24 +258,28 @@ def test_a_sweep_never_deletes_a_run_stored_after_its_plan_under_a_reused_key(
     # retention (found by exploratory QA). Two sweeps side by side did the same.
     _store(engine, [f"old-{i}" for i in range(5)], age_days=30)
     planned = plan(engine, [Rule("everything", keep_last=0)])
-    newest = planned.runs[-1]
-    with write_session(engine) as session:
-        gone = delete_run(session, newest.run_id, Deletion(by="cli:op", via="cli"), NOW)
-    assert gone["run_id"] == newest.run_id
+    second, newest = planned.runs[-2:]
+    for run in (newest, second):  # deleted by hand after the plan
+        with write_session(engine) as session:
+            delete_run(session, run.run_id, Deletion(by="cli:op", via="cli"), NOW)
+    # `second` posted again: a new run under the same run_id and, on SQLite, the same key:
+    # only its ingest_seq tells it from the run planned. Then a new run under the key of
+    # `newest` (on SQLite), another run_id.
+    _store(engine, [second.run_id])
     _store(engine, ["new-after-plan"])
     with engine.connect() as conn:
-        new_pk = conn.execute(text("SELECT id FROM runs WHERE run_id = 'new-after-plan'")).scalar()
-    if engine.dialect.name == "sqlite":
-        assert new_pk == newest.pk  # the key reused: what the test is about
-    # The planned run re-posted after the plan is a new run too.
-    _store(engine, [newest.run_id])
+        keys = {r.run_id: r.id for r in conn.execute(text("SELECT run_id, id FROM runs"))}
+    if engine.dialect.name == "sqlite":  # the keys reused: what the test is about
+        assert keys[second.run_id] == second.pk
+        assert keys["new-after-plan"] == newest.pk
     swept = apply(engine, planned, batch_size=2)
-    assert swept.deleted == 4
-    assert swept.gone == 1
-    assert _run_ids(engine) == {"new-after-plan", newest.run_id}
+    assert swept.deleted == 3
+    assert swept.gone == 2
+    assert _run_ids(engine) == {"new-after-plan", second.run_id}
     with read_session(engine) as session:
         audit = deletions(session, limit=100)
-    assert [a["deleted_by"] for a in audit if a["run_id"] == newest.run_id] == ["cli:op"]
+    for run in (newest, second):
+        assert [a["deleted_by"] for a in audit if a["run_id"] == run.run_id] == ["cli:op"]
     assert all(a["run_id"] != "new-after-plan" for a in audit)
     assert orphans(engine) == {}
 

@@ -149,6 +149,13 @@ def test_numbers_past_a_double_stay_exact_or_are_reported() -> None:
     assert built.doc["trace"]["metadata"] == {"tiny": 0.0, "long": 0.1, "ok": 2.5}
     assert _losses(built.doc)["trace.metadata"] == ("replaced", 1)
     assert built.doc[IMPORT_KEY]["lossless"] is False
+    # Past a double's range, beside an integer past 64 bits: null, as Infinity is (it was
+    # inf in the document, and the session failed to rebuild).
+    huge = SessionRows(_session(metadata=f'{{"big": 1e400, "seed": {seed}}}'), steps=[_step()])
+    built = build_rollout(huge, "s-1")
+    assert built.doc["trace"]["metadata"] == {"big": None, "seed": seed}
+    assert _losses(built.doc)["trace.metadata"][0] == "default"
+    assert prepare(built.raw).doc["trace"]["metadata"]["big"] is None
 
 
 def test_items_join_their_step_by_timestep_id_else_by_step_id() -> None:
@@ -299,7 +306,9 @@ def test_a_bad_map_file_is_named_and_a_spreadsheets_csv_is_read(tmp_path: Path) 
     cases = {
         "bad.json": (b'{"s-1": "run-a",', "bad.json: not valid JSON"),
         "latin.json": (b'{"s-1": "caf\xe9"}', "latin.json: not UTF-8 text"),
-        "holes.csv": (b"session_id,run_id\ns-1,run-a\ns-2,\n", "holes.csv:3: a row without"),
+        # A blank line before the bad row: its line in the file is 4.
+        "holes.csv": (b"session_id,run_id\ns-1,run-a\n\ns-2,\n", "holes.csv:4: a row without"),
+        "empty.json": (b'{"s-1": ""}', "non-empty strings"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name

@@ -407,8 +407,10 @@ def test_a_success_that_is_not_tracestores_answer_is_not_taken_for_stored(
         asyncio.run(post_async())
     # A read's 200 that is not JSON raised json.JSONDecodeError.
     with TracestoreClient(not_tracestore) as client:
-        with pytest.raises(UnexpectedAnswer, match="not tracestore's JSON"):
+        with pytest.raises(UnexpectedAnswer, match=r"not tracestore's JSON.*Please sign in"):
             client.get_rollout("proxied")
+        with pytest.raises(UnexpectedAnswer, match="text/html"):
+            client.get_rollout_bytes("proxied")  # it returned the page as the rollout
         with pytest.raises(UnexpectedAnswer):
             client.info()
     # With a spool, the rollout waits there for a tracestore server.

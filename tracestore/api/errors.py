@@ -87,15 +87,20 @@ async def _domain(_request: Request, exc: Exception) -> JSONBody:
     return error_response(exc)
 
 
-async def _validation(_request: Request, exc: Exception) -> JSONBody:
-    assert isinstance(exc, RequestValidationError)
-    problems = [
+def validation_problems(exc: RequestValidationError) -> list[dict[str, str]]:
+    """The framework's refusal of a request's parameters, one `{path, message}` each."""
+    return [
         {
             "path": ".".join(str(p) for p in e.get("loc", ())),
             "message": str(e.get("msg", "invalid")),
         }
         for e in exc.errors()
     ]
+
+
+async def _validation(_request: Request, exc: Exception) -> JSONBody:
+    assert isinstance(exc, RequestValidationError)
+    problems = validation_problems(exc)
     first = problems[0] if problems else {"path": "", "message": "invalid request"}
     return JSONBody(
         error_body("invalid_request", f"{first['path']}: {first['message']}", errors=problems),

@@ -349,10 +349,13 @@ def _json(value: object, where: str, losses: _Losses) -> Any:
     def constant(name: str) -> None:
         constants.append(name)
 
-    def number(text: str) -> float:
+    def number(text: str) -> float | None:
         found = float(text)
+        if not math.isfinite(found):
+            constants.append(text)  # past a double's range (1e400): as Infinity, null
+            return None
         # Written back as its shortest repr: is that still the number synth-ai wrote?
-        if not math.isfinite(found) or Decimal(repr(found)) != Decimal(text):
+        if Decimal(repr(found)) != Decimal(text):
             rounded.append(text)
         return found
 
@@ -363,7 +366,9 @@ def _json(value: object, where: str, losses: _Losses) -> Any:
         losses.add(where, "default", "not JSON in synth-ai's store: kept as its text")
         return value if isinstance(value, str) else value.decode("utf-8", "replace")
     if constants:
-        losses.add(where, "default", "NaN or Infinity (not JSON) written as null")
+        losses.add(
+            where, "default", "NaN, Infinity or a number past a double's range written as null"
+        )
     if rounded:
         losses.add(
             where, "replaced", "a number past a double's precision or range, written rounded"
@@ -823,16 +828,24 @@ def read_run_id_map(path: Path) -> dict[str, str]:
             value = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             raise SynthDatabaseError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise SynthDatabaseError(f"{path}: expected a JSON object of session_id -> run_id")
+        if not isinstance(value, dict) or not all(v and isinstance(v, str) for v in value.values()):
+            raise SynthDatabaseError(
+                f"{path}: expected a JSON object of session_id -> run_id (non-empty strings)"
+            )
+        if "" in value:
+            raise SynthDatabaseError(f"{path}: an empty session_id")
         return {str(k): v for k, v in value.items()}
-    rows = list(csv.DictReader(text.splitlines()))
-    if rows and not {"session_id", "run_id"} <= set(rows[0]):
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames is not None and not {"session_id", "run_id"} <= set(reader.fieldnames):
         raise SynthDatabaseError(f"{path}: expected CSV columns session_id,run_id")
-    for line, row in enumerate(rows, start=2):
+    found: dict[str, str] = {}
+    for row in reader:
         if not row["session_id"] or not row["run_id"]:
-            raise SynthDatabaseError(f"{path}:{line}: a row without its session_id or run_id")
-    return {r["session_id"]: r["run_id"] for r in rows}
+            # line_num: the reader's own count of lines (blank ones included).
+            where = f"{path}:{reader.line_num}"
+            raise SynthDatabaseError(f"{where}: a row without its session_id or run_id")
+        found[row["session_id"]] = row["run_id"]
+    return found
 
 
 @dataclass(frozen=True, slots=True)

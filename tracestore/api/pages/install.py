@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 
+from tracestore.api.errors import validation_problems
 from tracestore.api.pages import docs
 from tracestore.api.pages.render import STATIC, TEMPLATES, environment
 from tracestore.api.pages.routes import LoginRequired, error_page, login_page, pages, sign_in
@@ -37,10 +38,7 @@ def _page_validation(api_handler: Any) -> Any:
         assert isinstance(exc, RequestValidationError)
         if getattr(request.scope.get("route"), "endpoint", None) not in page_endpoints:
             return cast(Response, await api_handler(request, exc))
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in exc.errors()
-        ]
+        problems = [f"{p['path']}: {p['message']}" for p in validation_problems(exc)]
         refusal = InvalidRequest("; ".join(problems) or "invalid request")
         return error_page(request, request.app.state.tracestore.settings, refusal)
 
