@@ -41,7 +41,7 @@ from bench.common import fresh_database, pg_available
 from bench.reports_bench import build
 from tracestore.db.engine import create_engine
 from tracestore.db.uow import write_session
-from tracestore.retention.age import parse_age
+from tracestore.durations import parse_age
 from tracestore.retention.space import store_size, vacuum
 from tracestore.retention.sweep import apply, plan
 from tracestore.store.deletion import Deletion, delete_run

@@ -8,8 +8,8 @@ from typing import Annotated, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tracestore.durations import parse_age
 from tracestore.errors import InvalidRequest
-from tracestore.retention.age import parse_age
 
 DEFAULT_DATABASE_URL = "sqlite:///./tracestore.db"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024

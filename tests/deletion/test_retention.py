@@ -19,10 +19,10 @@ from tests.conftest import Database, minimal_rollout, row_counts
 from tests.deletion.conftest import orphans
 from tracestore.api import create_app
 from tracestore.db.uow import read_session, write_session
+from tracestore.durations import parse_age
 from tracestore.errors import Conflict, InvalidRequest
 from tracestore.ingest.service import ingest_bytes, ingest_many
 from tracestore.retention import schedule
-from tracestore.retention.age import parse_age
 from tracestore.retention.space import store_size, vacuum
 from tracestore.retention.sweep import all_rules, apply, plan
 from tracestore.settings import RetentionRuleSetting, Settings

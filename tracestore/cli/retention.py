@@ -62,7 +62,7 @@ def set_rule(
     from datetime import UTC, datetime
 
     from tracestore.db.uow import write_session
-    from tracestore.retention.age import parse_age
+    from tracestore.durations import parse_age
     from tracestore.store.retention import Rule, set_rule
 
     with reported_errors():

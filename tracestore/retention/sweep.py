@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from tracestore.db.uow import read_session, write_session
+from tracestore.durations import parse_age
 from tracestore.errors import InvalidRequest
-from tracestore.retention.age import parse_age
 from tracestore.retention.space import incremental_vacuum
 from tracestore.settings import Settings
 from tracestore.store.deletion import Deletion, delete_pks

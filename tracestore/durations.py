@@ -1,5 +1,5 @@
-"""Retention ages: `30d`, `12h`, `2w`, read as seconds (rules from the CLI, the API and
-TRACESTORE_RETENTION_RULES alike)."""
+"""Durations written as `30d`, `12h`, `2w`, read as seconds: retention ages (rules from the
+CLI, the API and TRACESTORE_RETENTION_RULES alike)."""
 
 from __future__ import annotations
 
