@@ -37,6 +37,8 @@ FLOORS: dict[str, int] = {
     "toolcalls": 0,
     "jsontext": 0,
     "timewindow": 0,
+    "durations": 0,
+    "envvars": 0,
     "vocabulary": 0,
     "errors": 0,
     "orphans": 0,

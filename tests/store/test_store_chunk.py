@@ -86,14 +86,15 @@ def test_a_concurrent_insert_falls_back_to_one_savepoint_each(backend: str, engi
             first_in.set()
             release.wait(30)
 
+    # Prepared before the clock: under load, preparing inside the timed window could
+    # outlast the timer, and the batch would then meet "x" committed, with no race.
+    batch = [prepare(_doc("y", 1.0)), prepare(_doc("x", 2.0)), prepare(_doc("z", 1.0))]
     holder = threading.Thread(target=first)
     holder.start()
     assert first_in.wait(30)
     threading.Timer(0.5, release.set).start()  # commits while the batch waits on the index
     started = time.monotonic()
-    results = store_prepared(
-        engine, [prepare(_doc("y", 1.0)), prepare(_doc("x", 2.0)), prepare(_doc("z", 1.0))]
-    )
+    results = store_prepared(engine, batch)
     holder.join(30)
     assert time.monotonic() - started >= 0.4, "the batch did not wait for the other writer"
     assert [r.status for r in results] == ["created", "conflict", "created"]
