@@ -109,3 +109,22 @@ def test_delete_through_a_server_needs_the_admin_key(
     again = run("delete", OTHER, *url, "--api-key", "op-key")
     assert again.returncode == 2
     assert "not found" in again.stderr
+
+
+def test_delete_through_a_server_finds_no_empty_run_id(
+    admin_server: LiveServer, engine: Engine, examples: list[Example]
+) -> None:
+    """An empty run_id is not found (no run has one), as --db says: its address would be
+    the list's, which answered something else."""
+    ingest_examples(engine, examples)
+    url = ["--url", admin_server.url, "--api-key", "op-key"]
+    done = run("delete", "", OTHER, *url, "--json")
+    assert done.returncode == 2, done.stderr
+    assert json.loads(done.stdout) == [
+        {"run_id": "", "status": "not_found", "pinned_by": None},
+        {"run_id": OTHER, "status": "deleted", "pinned_by": None},
+    ]
+    assert OTHER not in _runs(engine)
+    local = run("delete", "", "--db", str(engine.url), "--json")
+    assert local.returncode == 2, local.stderr
+    assert json.loads(local.stdout) == [{"run_id": "", "status": "not_found", "pinned_by": None}]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import getpass
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import typer
 
@@ -62,6 +61,8 @@ def _remote(
 ) -> list[Any]:
     import httpx
 
+    from tracestore.client import path_segment
+
     headers = {"X-API-Key": api_key} if api_key else {}
     params: dict[str, str] = {"force": "true"} if force else {}
     if reason:
@@ -70,7 +71,12 @@ def _remote(
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120) as client:
             for run_id in run_ids:
-                response = client.delete(f"/v1/rollouts/{quote(run_id, safe='')}", params=params)
+                if not run_id:
+                    # "/v1/rollouts/" is the list's address; no run has an empty run_id.
+                    outcomes.append((run_id, "not_found", None))
+                    continue
+                # A run_id of '.' or '..' escaped, or the URL's normalisation resolves it.
+                response = client.delete("/v1/rollouts/" + path_segment(run_id), params=params)
                 if response.status_code == 204:
                     outcomes.append((run_id, "deleted", None))
                     continue
