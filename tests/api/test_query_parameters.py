@@ -172,7 +172,7 @@ def test_a_report_name_longer_than_a_file_name_is_not_found(http: httpx.Client) 
 
 
 @pytest.mark.parametrize("path", ["/v1/rollouts", "/v1/drift", "/v1/drift/report"])
-@pytest.mark.parametrize("kind", ["bogus", "FULL", "null"])
+@pytest.mark.parametrize("kind", ["bogus", "FULL", "NULL", "none"])
 def test_an_unknown_trace_kind_is_refused_naming_the_kinds(
     http: httpx.Client, path: str, kind: str
 ) -> None:
@@ -181,5 +181,22 @@ def test_an_unknown_trace_kind_is_refused_naming_the_kinds(
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "invalid_request"
-    assert "full, wrapped, summary, db_row, empty, unknown" in error["message"]
+    assert "full, wrapped, summary, db_row, empty, unknown, null" in error["message"]
     assert http.get(path, params={"trace_kind": "full"}).status_code == 200
+
+
+def test_trace_kind_null_selects_the_runs_sent_without_a_trace(http: httpx.Client) -> None:
+    # Before: refused, and no other filter told traceless runs apart.
+    bare = minimal_rollout("no-trace")
+    summary = minimal_rollout("summary-trace", trace={"events_count": 1})
+    nulled = minimal_rollout("null-trace", trace=None)
+    for doc in (bare, summary, nulled):
+        assert http.post("/v1/rollouts", json=doc).status_code == 201
+    listed = http.get("/v1/rollouts", params={"trace_kind": "null"})
+    assert listed.status_code == 200, listed.text
+    assert {r["run_id"] for r in listed.json()["items"]} == {"no-trace", "null-trace"}
+    assert all(r["trace_kind"] is None for r in listed.json()["items"])
+    others = http.get("/v1/rollouts", params={"trace_kind": "summary"}).json()["items"]
+    assert [r["run_id"] for r in others] == ["summary-trace"]
+    drift = http.get("/v1/drift", params={"trace_kind": "null"})
+    assert drift.status_code == 200, drift.text

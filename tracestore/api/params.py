@@ -81,7 +81,11 @@ def run_filter(
     since: SinceQuery = None,
     until: UntilQuery = None,
     trace_kind: Annotated[
-        str | None, Query(description="full, wrapped, summary, db_row, empty or unknown.")
+        str | None,
+        Query(
+            description="full, wrapped, summary, db_row, empty, unknown, or null (runs sent "
+            "without a trace)."
+        ),
     ] = None,
     has_trajectories: Annotated[
         bool | None, Query(description="Only runs with (true) or without (false) trajectories.")

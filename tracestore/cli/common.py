@@ -374,7 +374,10 @@ SinceOption = Annotated[
 ]
 UntilOption = Annotated[str | None, typer.Option(help="Runs received before this time.")]
 TraceKindOption = Annotated[
-    str | None, typer.Option(help="full, wrapped, summary, db_row, empty or unknown.")
+    str | None,
+    typer.Option(
+        help="full, wrapped, summary, db_row, empty, unknown, or null (runs sent without a trace)."
+    ),
 ]
 HasTrajectoriesOption = Annotated[
     bool | None,

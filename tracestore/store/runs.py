@@ -31,6 +31,11 @@ from tracestore.store.drift import drift_kinds_for, has_drift_clause, kinds_by_r
 from tracestore.timewindow import check_order
 from tracestore.wire.trace import TRACE_KINDS
 
+# A run stored without a trace has a null trace_kind: the filter spells it `null`, as the
+# rollout's summary shows it.
+NO_TRACE = "null"
+FILTER_TRACE_KINDS = (*TRACE_KINDS, NO_TRACE)
+
 MAX_LIMIT = 1000
 # Keys are 64-bit on both databases: a cursor naming a larger one is not one we issued
 # (and binding it would fail in the driver).
@@ -71,9 +76,9 @@ class RunFilter:
     def __post_init__(self) -> None:
         # A mistyped kind (`FULL`, `bogus`) selected no run without a word: an empty list,
         # an empty dataset refused as such, a report over nothing.
-        if self.trace_kind is not None and self.trace_kind not in TRACE_KINDS:
+        if self.trace_kind is not None and self.trace_kind not in FILTER_TRACE_KINDS:
             raise InvalidRequest(
-                f"trace_kind is one of {', '.join(TRACE_KINDS)}, not {self.trace_kind!r}",
+                f"trace_kind is one of {', '.join(FILTER_TRACE_KINDS)}, not {self.trace_kind!r}",
                 trace_kind=self.trace_kind,
             )
         # Refused as the reports refuse it: the list, datasets and the inspector gave
@@ -169,7 +174,9 @@ def filtered(query: Select[*tuple[Any, ...]], f: RunFilter) -> Select[*tuple[Any
         query = query.where(Run.received_at >= f.since)
     if f.until is not None:
         query = query.where(Run.received_at < f.until)
-    if f.trace_kind is not None:
+    if f.trace_kind == NO_TRACE:
+        query = query.where(Run.trace_kind.is_(None))
+    elif f.trace_kind is not None:
         query = query.where(Run.trace_kind == f.trace_kind)
     if f.has_trajectories is not None:
         query = query.where(
