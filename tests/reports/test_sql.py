@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from sqlalchemy import inspect, text
 
@@ -100,3 +101,24 @@ def test_nothing_writes_or_escapes(store: Store, query: str) -> None:
 def test_a_snapshot_answers_the_same_sql(store: Store) -> None:
     query = "SELECT env_id, count(*) AS steps FROM step_facts GROUP BY ALL ORDER BY ALL"
     assert run_sql(store.frozen, query).table.equals(run_sql(store.live, query).table)
+
+
+def test_json_says_which_columns_held_infinities(store: Store) -> None:
+    # JSON has no infinity or NaN: they are written as null, and were without a word.
+    got = run_sql(
+        store.live,
+        "SELECT 'inf'::DOUBLE AS up, [1.0, '-inf'::DOUBLE, 'nan'::DOUBLE] AS xs, "
+        "{'r': 'nan'::DOUBLE} AS s, 1.5 AS fine, NULL::DOUBLE AS nothing",
+    )
+    doc = orjson.loads(output.to_json(got))
+    assert doc["rows"] == [
+        {"up": None, "xs": [1.0, None, None], "s": {"r": None}, "fine": 1.5, "nothing": None}
+    ]
+    notices = doc["notices"]
+    assert len(notices) == 3, notices
+    assert "'up': 1 value infinite or NaN" in notices[0]
+    assert "'xs': 2 values" in notices[1]
+    assert "'s': 1 value" in notices[2]
+    assert output.to_csv(got).splitlines()[1].startswith("inf,")
+    finite = run_sql(store.live, "SELECT 1.5::DOUBLE AS x")
+    assert orjson.loads(output.to_json(finite))["notices"] == []

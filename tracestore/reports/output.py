@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from tracestore.jsontext import dumps
 from tracestore.reports.runner import Result
@@ -51,6 +52,38 @@ def rows(table: pa.Table) -> list[dict[str, Any]]:
     return [{name: plain(v) for name, v in zip(names, row, strict=True)} for row in tuples(table)]
 
 
+def _non_finite(values: Any) -> int:
+    """How many of an Arrow array's floats, at any depth of lists, maps and structs, are
+    infinite or NaN."""
+    if isinstance(values, pa.ChunkedArray):
+        return sum(_non_finite(chunk) for chunk in values.chunks)
+    kind = values.type
+    if pa.types.is_floating(kind):
+        return int(pc.sum(pc.invert(pc.is_finite(values))).as_py() or 0)
+    if pa.types.is_struct(kind):
+        return sum(_non_finite(field) for field in values.flatten())
+    if pa.types.is_map(kind):
+        # Its values as a list array of the same offsets (Arrow flattens no map).
+        values = pa.ListArray.from_arrays(values.offsets, values.items)
+    # flatten() honours a slice's offset (a list's .values would not).
+    if pa.types.is_nested(kind) and hasattr(values, "flatten"):
+        return _non_finite(values.flatten())
+    return 0
+
+
+def non_finite_notices(table: pa.Table) -> list[str]:
+    """A notice for each column holding infinities or NaN, which JSON writes as null."""
+    notices = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        n = _non_finite(column)
+        if n:
+            notices.append(
+                f"column {name!r}: {n} value{'s' if n > 1 else ''} infinite or NaN, which "
+                "JSON cannot hold: written as null (CSV and Parquet keep them)"
+            )
+    return notices
+
+
 def document(result: Result) -> dict[str, Any]:
     """The JSON document of a result: what it is, its columns and types, its rows."""
     out: dict[str, Any] = {}
@@ -64,7 +97,8 @@ def document(result: Result) -> dict[str, Any]:
         {"name": n, "type": t} for n, t in zip(result.columns, result.types, strict=True)
     ]
     out["rows"] = rows(result.table)
-    out["notices"] = result.notices
+    # orjson writes a non-finite float as null: say so rather than lose it without a word.
+    out["notices"] = [*result.notices, *non_finite_notices(result.table)]
     return out
 
 
