@@ -48,6 +48,8 @@ _FILE_PREFIXES = ("sqlite+aiosqlite:///", "sqlite+libsql:///", "sqlite:///", "fi
 _REMOTE_PREFIXES = ("libsql://", "http://", "https://", "ws://", "wss://")
 # A session's rows are read this many sessions at a time, in one read transaction.
 DEFAULT_BATCH = 64
+# sqlite3's words for a TEXT value that is not UTF-8 (it cannot give it as str).
+_UNDECODABLE = "Could not decode to UTF-8"
 
 # Columns read from each table; a column an older or newer schema lacks reads as NULL.
 _COLUMNS: dict[str, tuple[str, ...]] = {
@@ -176,6 +178,44 @@ def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
 
 
+class UnreadableId(str):
+    """A session_id no session can be read by (text not UTF-8, or a BLOB): its text shows
+    it, `problem` says why; `iter_rollouts` reports the session in its place."""
+
+    problem: str
+
+    def __new__(cls, shown: str, problem: str) -> UnreadableId:
+        """The id as shown, and why the session cannot be read."""
+        self = super().__new__(cls, shown)
+        self.problem = problem
+        return self
+
+
+def _session_id(value: object, kind: bytes) -> Any:
+    """One session_id of the session list, read as bytes: text that is UTF-8 as its str,
+    a number as itself (its children are keyed by the same number)."""
+    if not isinstance(value, bytes):
+        return value
+    shown = value.decode("utf-8", "backslashreplace")
+    # The SQL literal finds the row in the sqlite3 shell, whatever its bytes.
+    literal = f"X'{value.hex().upper()}'"
+    if kind == b"blob":
+        # Its rows could be read, but a rollout's ids are text: it failed to rebuild with
+        # "Object of type bytes is not JSON serializable".
+        return UnreadableId(
+            shown,
+            f"a session_traces row whose session_id is a BLOB ({literal}), not text: not read",
+        )
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return UnreadableId(
+            shown,
+            "a session_traces row whose session_id is not UTF-8 text "
+            f"(CAST({literal} AS TEXT)): not read",
+        )
+
+
 class SynthDatabase:
     """A synth-ai trace database opened read-only; sessions are read in batches."""
 
@@ -215,15 +255,22 @@ class SynthDatabase:
         self.close()
 
     def session_ids(self) -> list[str]:
-        """Every session id, oldest first (ties by id): the import's order."""
+        """Every session id, oldest first (ties by id): the import's order; an id that
+        cannot name a session is an `UnreadableId`, reported in its place."""
+        # The ids as bytes: one that is not UTF-8 made the driver's decoding fail, and with
+        # it the whole list, before any session was imported.
+        text_factory = self.conn.text_factory
+        self.conn.text_factory = bytes
         try:
             rows = self.conn.execute(
-                "SELECT session_id FROM session_traces WHERE session_id IS NOT NULL "
-                "ORDER BY created_at, session_id"
-            )
-            return [row[0] for row in rows]
+                "SELECT session_id, typeof(session_id) FROM session_traces "
+                "WHERE session_id IS NOT NULL ORDER BY created_at, session_id"
+            ).fetchall()
         except sqlite3.Error as exc:
             raise SynthDatabaseError(f"{self.path}: cannot read it: {exc}") from None
+        finally:
+            self.conn.text_factory = text_factory
+        return [_session_id(value, kind) for value, kind in rows]
 
     def sessions_without_id(self) -> int:
         """Rows of session_traces whose session_id is NULL (SQLite lets a TEXT primary key
@@ -257,6 +304,31 @@ class SynthDatabase:
             # lock held past the wait: named with the file, the import stops there.
             raise SynthDatabaseError(f"{self.path}: cannot read it: {exc}") from None
 
+    def _experiments(self, ids: Sequence[Any]) -> tuple[list[dict[str, Any]], dict[Any, str]]:
+        """These experiments' rows, and why each one the driver cannot read is left out."""
+        if not ids:
+            return [], {}
+        try:
+            return self._select(
+                "experiments", f"experiment_id IN ({', '.join('?' * len(ids))})", ids
+            ), {}
+        except sqlite3.Error as exc:
+            if _UNDECODABLE not in str(exc):
+                raise
+        # Shared by sessions: one experiment's text that is not UTF-8 made every session of
+        # the experiment unreadable (of all of them, for an import of one experiment). Each
+        # alone: the readable ones kept, the others left out of their sessions' documents.
+        rows: list[dict[str, Any]] = []
+        problems: dict[Any, str] = {}
+        for one in ids:
+            try:
+                rows += self._select("experiments", "experiment_id = ?", [one])
+            except sqlite3.Error as exc:
+                if _UNDECODABLE not in str(exc):
+                    raise
+                problems[one] = str(exc)
+        return rows, problems
+
     def _read(self, session_ids: Sequence[str]) -> list[SessionRows]:
         marks = ", ".join("?" * len(session_ids))
         where = f"session_id IN ({marks})"
@@ -266,18 +338,14 @@ class SynthDatabase:
         try:
             sessions = self._select("session_traces", where, session_ids)
             children = {t: self._select(t, where, session_ids) for t in _FIELD}
-            experiment_ids = sorted(
-                {s["experiment_id"] for s in sessions if s["experiment_id"] is not None}
-            )
-            experiments = (
-                self._select(
-                    "experiments",
-                    f"experiment_id IN ({', '.join('?' * len(experiment_ids))})",
-                    experiment_ids,
+            # In first-seen order, not sorted: ids of mixed types (an integer beside text)
+            # do not compare, and failed the whole import.
+            experiment_ids = list(
+                dict.fromkeys(
+                    s["experiment_id"] for s in sessions if s["experiment_id"] is not None
                 )
-                if experiment_ids
-                else []
             )
+            experiments, unreadable = self._experiments(experiment_ids)
         finally:
             self.conn.execute("COMMIT")
         by_session: dict[str, SessionRows] = {s["session_id"]: SessionRows(s) for s in sessions}
@@ -289,6 +357,7 @@ class SynthDatabase:
         by_experiment = {e["experiment_id"]: e for e in experiments}
         for rows_of in by_session.values():
             rows_of.experiment = by_experiment.get(rows_of.session["experiment_id"])
+            rows_of.experiment_problem = unreadable.get(rows_of.session["experiment_id"])
         # In the order asked for; a session deleted meanwhile is simply not there.
         return [by_session[sid] for sid in session_ids if sid in by_session]
 
@@ -304,6 +373,8 @@ class SessionRows:
     event_rewards: list[dict[str, Any]] = field(default_factory=list)
     outcome_rewards: list[dict[str, Any]] = field(default_factory=list)
     experiment: dict[str, Any] | None = None
+    # Why the session's experiments row is not there, when the driver could not read it.
+    experiment_problem: str | None = None
 
 
 _FIELD = {
@@ -763,6 +834,12 @@ def build_rollout(rows: SessionRows, run_id: str) -> Imported:
                 else v
                 for k, v in rows.experiment.items()
             }
+        elif rows.experiment_problem is not None:
+            losses.add(
+                "trace.experiment",
+                "lost",
+                f"its experiments row cannot be read: {rows.experiment_problem}",
+            )
     doc: dict[str, Any] = {
         "run_id": run_id,
         "trajectories": [],
@@ -793,7 +870,8 @@ def build_rollout(rows: SessionRows, run_id: str) -> Imported:
     provenance["losses"] = [e.as_dict() for e in entries]
     doc[IMPORT_KEY] = provenance
     return Imported(
-        session_id=session["session_id"],
+        # Text as run_id is: a column without TEXT affinity may hold the id as a number.
+        session_id=str(session["session_id"]),
         run_id=run_id,
         doc=doc,
         raw=_dumps(doc),
@@ -858,9 +936,32 @@ class Unreadable:
 
 
 def _one_session_at_fault(exc: SynthDatabaseError) -> bool:
-    # sqlite3's words for a value it cannot give as text; anything else (a damaged page,
-    # a lock held past the wait) is the file's, not one session's, and stops the import.
-    return "Could not decode to UTF-8" in exc.message
+    # A value the driver cannot give as text; anything else (a damaged page, a lock held
+    # past the wait) is the file's, not one session's, and stops the import.
+    return _UNDECODABLE in exc.message
+
+
+def _read_each(
+    db: SynthDatabase, ids: Sequence[str], mapping: Mapping[str, str]
+) -> Iterator[SessionRows | Unreadable]:
+    """The rows of these sessions; when a row of one of them cannot be read, each session
+    read alone, the unreadable ones in their place."""
+    try:
+        read = db.read(ids)
+    except SynthDatabaseError as exc:
+        if not _one_session_at_fault(exc):
+            raise
+        # A row of one session the driver cannot read (text that is not UTF-8) failed the
+        # whole batch, and every later run of the import: each session alone, the
+        # unreadable ones reported, the others imported.
+        if len(ids) == 1:
+            sid = str(ids[0])
+            yield Unreadable(sid, mapping.get(sid, sid), exc.message)
+        else:
+            for one in ids:
+                yield from _read_each(db, [one], mapping)
+        return
+    yield from read
 
 
 def iter_rollouts(
@@ -872,32 +973,31 @@ def iter_rollouts(
     """Each session rebuilt as a rollout, `batch` sessions read per transaction.
 
     A session's run_id is its id unless `run_ids` maps it to another. A session whose rows
-    cannot be rebuilt (values of types synth-ai never writes) is an `Unreadable` in its
-    place: one odd session does not stop an import of thousands.
+    cannot be read or rebuilt (an id that is not text, values of types synth-ai never
+    writes) is an `Unreadable` in its place: one odd session does not stop an import of
+    thousands.
     """
     mapping = run_ids or {}
     for start in range(0, len(session_ids), batch):
         ids = session_ids[start : start + batch]
-        try:
-            read = db.read(ids)
-        except SynthDatabaseError as exc:
-            if not _one_session_at_fault(exc):
-                raise
-            # A row of one session the driver cannot read (text that is not UTF-8) failed
-            # the whole batch, and every later run of the import: each session alone, the
-            # unreadable ones reported, the others imported.
-            read = []
-            for sid in ids:
-                try:
-                    read += db.read([sid])
-                except SynthDatabaseError as alone:
-                    if not _one_session_at_fault(alone):
-                        raise
-                    yield Unreadable(sid, mapping.get(sid, sid), alone.message)
-        for rows in read:
+        readable: list[str] = []
+        for sid in ids:
+            if isinstance(sid, UnreadableId):
+                # Not looked up: its text is only how it is shown, and may be another
+                # session's id; its children, keyed by the same bytes, are not read either.
+                yield Unreadable(str(sid), str(sid), sid.problem)
+            else:
+                readable.append(sid)
+        if not readable:
+            continue
+        for rows in _read_each(db, readable, mapping):
+            if isinstance(rows, Unreadable):
+                yield rows
+                continue
             sid = str(rows.session["session_id"])
             run_id = mapping.get(sid, sid)
             try:
                 yield build_rollout(rows, run_id)
-            except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+                # RecursionError: a JSON column nested deeper than Python's parser goes.
                 yield Unreadable(sid, run_id, f"cannot rebuild the session: {exc}")
