@@ -160,6 +160,86 @@ def trace_only_grid() -> dict[str, Any]:
     }
 
 
+def _message(step_id: str, message_type: str, content: Any, **meta: Any) -> dict[str, Any]:
+    return {
+        "content": content,
+        "message_type": message_type,
+        "time_record": {"event_time": 3.0, "message_time": None},
+        "metadata": {"step_id": step_id, **meta},
+    }
+
+
+def trace_only_tool_messages() -> dict[str, Any]:
+    """Trace-only: tool calls recorded as policy_tool_call and action messages (SPEC
+    section 5, source 2), as payloads, as JSON text, as a list or an object, beside the
+    other sources they beat or yield to."""
+
+    def payload(value: Any) -> dict[str, Any]:
+        return {"text": None, "json_payload": orjson.dumps(value).decode()}
+
+    ptc = [{"tool_name": "ptc", "arguments": {"x": 1}}, "not an object", {"tool": "ptc2"}]
+    messages = {
+        # A list payload (its objects only) beats the LM event's calls.
+        "decision_0": [_message("decision_0", "policy_tool_call", payload(ptc))],
+        # An object's tool_calls, in the text (no payload).
+        "decision_1": [
+            _message("decision_1", "action", {"text": '{"tool_calls": [{"tool": "act"}]}'})
+        ],
+        # The content a plain string holding a list.
+        "decision_2": [_message("decision_2", "action", '[{"name": "str-act"}]')],
+        # A null payload and text that is not JSON: nothing; the event's own calls.
+        "decision_3": [
+            _message("decision_3", "policy_tool_call", {"text": "go", "json_payload": "null"})
+        ],
+        # An empty is_tool_call list gives nothing: the typed message's calls.
+        "decision_4": [
+            _message("decision_4", "assistant", payload({"tool_calls": []}), is_tool_call=True),
+            _message("decision_4", "policy_tool_call", payload({"tool_calls": [{"tool": "t4"}]})),
+        ],
+        # An is_tool_call message with calls beats a typed one.
+        "decision_5": [
+            _message(
+                "decision_5",
+                "assistant",
+                payload({"tool_calls": [{"tool": "first"}]}),
+                is_tool_call=True,
+            ),
+            _message("decision_5", "action", payload([{"tool": "second"}])),
+        ],
+    }
+    steps = []
+    events: list[Any] = []
+    for i, (step_id, step_messages) in enumerate(messages.items()):
+        env = _env_event(step_id, 0.5, tool_calls=[{"tool": "own"}])
+        lm = _lm_event(step_id, [{"name": "lm"}], cost=None, latency=None, tokens=None)
+        steps.append(
+            {
+                "step_id": step_id,
+                "step_index": i,
+                "events": [lm, env],
+                "markov_blanket_messages": step_messages,
+            }
+        )
+        events += [lm, env]
+    # Only in the history: a policy_tool_call of decision_3 (by its step_id), which beats
+    # the LM event there.
+    late = _message("decision_3", "policy_tool_call", payload({"tool_calls": [{"tool": "late"}]}))
+    history = [m for step_messages in messages.values() for m in step_messages] + [late]
+    return {
+        "run_id": "case-trace-tool-messages",
+        "trajectories": [],
+        "metrics": {"episode_returns": [3.0], "mean_return": 3.0, "num_steps": 6},
+        "trace": {
+            "session_id": "case-trace-tool-messages",
+            "created_at": "2025-11-18T12:00:00Z",
+            "session_time_steps": steps,
+            "event_history": events,
+            "markov_blanket_message_history": history,
+            "metadata": {"env_id": "toolmessages", "policy_id": "pol-tm"},
+        },
+    }
+
+
 def env_from_trace() -> dict[str, Any]:
     """Trajectory without env_id, summary trace naming the env; no cid at all."""
     return {
@@ -216,6 +296,7 @@ def all_cases() -> list[bytes]:
     docs = (
         legacy_toolbox(),
         trace_only_grid(),
+        trace_only_tool_messages(),
         env_from_trace(),
         env_from_trace_names(),
         env_id_no_id(),

@@ -212,9 +212,11 @@ WHERE t.trajectory_idx IS NULL
    );
 
 -- One row per tool call of a decision step (step_facts), normalized name included.
--- Trace steps take their calls as tracestore.wire.trace.TraceView.environment_steps does:
--- the time step's messages with metadata.is_tool_call (json_payload -> tool_calls), else
--- its LM events' call_records[*].output_tool_calls, else the environment event's own
+-- Trace steps take their calls as tracestore.wire.trace.time_step_tool_calls does, from
+-- the first source that gives any: the time step's messages with metadata.is_tool_call
+-- (json_payload -> tool_calls); its policy_tool_call and action messages (their content,
+-- the JSON payload else the text as JSON: a list of calls, or an object's tool_calls);
+-- its LM events' call_records[*].output_tool_calls; the environment event's own
 -- metadata.tool_calls. Items outside every time step join the one whose step_id equals
 -- their metadata.step_id (an unknown step_id groups them by itself).
 CREATE OR REPLACE VIEW tool_call_facts AS
@@ -257,15 +259,23 @@ grouped_events AS (
 ),
 keyed_messages AS (
     SELECT
-        m.trace_pk, m.position, m.json_payload, m.time_step_pk,
+        m.trace_pk, m.position, m.json_payload, m.text, m.time_step_pk,
+        coalesce(
+            json_type(m.metadata, '$.is_tool_call') = 'BOOLEAN'
+            AND json_extract_string(m.metadata, '$.is_tool_call') = 'true',
+            false
+        ) AS is_call,
+        coalesce(m.message_type IN ('policy_tool_call', 'action'), false) AS typed,
         CASE
             WHEN m.time_step_pk IS NULL AND json_type(m.metadata, '$.step_id') = 'VARCHAR'
                 THEN json_extract_string(m.metadata, '$.step_id')
         END AS named_step
     FROM trace_messages AS m
     JOIN trace_runs AS tr USING (trace_pk)
-    WHERE json_type(m.metadata, '$.is_tool_call') = 'BOOLEAN'
-      AND json_extract_string(m.metadata, '$.is_tool_call') = 'true'
+    WHERE (
+        json_type(m.metadata, '$.is_tool_call') = 'BOOLEAN'
+        AND json_extract_string(m.metadata, '$.is_tool_call') = 'true'
+    ) OR m.message_type IN ('policy_tool_call', 'action')
 ),
 grouped_messages AS (
     SELECT
@@ -281,7 +291,32 @@ grouped_messages AS (
 message_calls AS (
     SELECT trace_pk, grp, unnest(json_elements(json_extract(TRY_CAST(json_payload AS JSON), '$.tool_calls'))) AS call
     FROM grouped_messages
-    WHERE grp IS NOT NULL AND json_valid(json_payload)
+    WHERE grp IS NOT NULL AND is_call AND json_valid(json_payload)
+),
+typed_values AS (
+    -- A tool-call message's content as a value: its JSON payload (unless null), else its
+    -- text when that is JSON (wire.trace.message_value).
+    SELECT
+        trace_pk, grp,
+        CASE
+            WHEN json_valid(json_payload) AND json_type(TRY_CAST(json_payload AS JSON)) <> 'NULL'
+                THEN TRY_CAST(json_payload AS JSON)
+            WHEN json_valid(text) THEN TRY_CAST(text AS JSON)
+        END AS value
+    FROM grouped_messages
+    WHERE grp IS NOT NULL AND typed
+),
+typed_calls AS (
+    -- A list holds the calls (its objects); an object holds them as tool_calls.
+    SELECT trace_pk, grp, unnest(
+        CASE
+            WHEN json_type(value) = 'ARRAY'
+                THEN list_filter(json_elements(value), c -> json_type(c) = 'OBJECT')
+            WHEN json_type(value) = 'OBJECT' AND json_type(value, '$.tool_calls') = 'ARRAY'
+                THEN json_elements(json_extract(value, '$.tool_calls'))
+        END
+    ) AS call
+    FROM typed_values
 ),
 lm_records AS (
     SELECT trace_pk, grp, unnest(json_elements(call_records)) AS record
@@ -306,11 +341,21 @@ env_calls AS (
     FROM env_events AS ev
     JOIN message_calls AS mc ON mc.trace_pk = ev.trace_pk AND mc.grp = ev.grp
     UNION ALL
+    SELECT ev.id, ev.trace_pk, ev.env_step, tc.call
+    FROM env_events AS ev
+    JOIN typed_calls AS tc ON tc.trace_pk = ev.trace_pk AND tc.grp = ev.grp
+    WHERE NOT EXISTS (
+        SELECT 1 FROM message_calls AS mc WHERE mc.trace_pk = ev.trace_pk AND mc.grp = ev.grp
+    )
+    UNION ALL
     SELECT ev.id, ev.trace_pk, ev.env_step, lc.call
     FROM env_events AS ev
     JOIN lm_calls AS lc ON lc.trace_pk = ev.trace_pk AND lc.grp = ev.grp
     WHERE NOT EXISTS (
         SELECT 1 FROM message_calls AS mc WHERE mc.trace_pk = ev.trace_pk AND mc.grp = ev.grp
+    )
+      AND NOT EXISTS (
+        SELECT 1 FROM typed_calls AS tc WHERE tc.trace_pk = ev.trace_pk AND tc.grp = ev.grp
     )
     UNION ALL
     SELECT own.id, own.trace_pk, own.env_step, own.call
@@ -321,6 +366,9 @@ env_calls AS (
     ) AS own
     WHERE NOT EXISTS (
         SELECT 1 FROM message_calls AS mc WHERE mc.trace_pk = own.trace_pk AND mc.grp = own.grp
+    )
+      AND NOT EXISTS (
+        SELECT 1 FROM typed_calls AS tc WHERE tc.trace_pk = own.trace_pk AND tc.grp = own.grp
     )
       AND NOT EXISTS (
         SELECT 1 FROM lm_calls AS lc WHERE lc.trace_pk = own.trace_pk AND lc.grp = own.grp
