@@ -240,6 +240,35 @@ def trace_only_tool_messages() -> dict[str, Any]:
     }
 
 
+def dual_two_envs() -> dict[str, Any]:
+    """Dual-serialized, its two trajectories in two envs, a reward drifting in the second's
+    (the trace converted from the trajectories, then one reward changed)."""
+    from tracestore.convert.to_trace import trajectories_to_trace
+
+    def trajectory(env: str) -> dict[str, Any]:
+        steps = [
+            {
+                "obs": {"i": i},
+                "tool_calls": [{"tool_name": "go", "arguments": {}}],
+                "reward": 1.0,
+                "done": i == 1,
+            }
+            for i in range(2)
+        ]
+        return {"env_id": env, "policy_id": "pol-2env", "steps": steps, "length": 2}
+
+    doc: dict[str, Any] = {
+        "run_id": "case-dual-two-envs",
+        "trajectories": [trajectory("two-env-a"), trajectory("two-env-b")],
+        "metrics": {"episode_returns": [2.0, 2.0], "mean_return": 2.0, "num_steps": 4},
+    }
+    trace = trajectories_to_trace(doc, created_at="2025-11-18T13:00:00+00:00").data
+    # The event is the same object in its time step and in the history.
+    trace["session_time_steps"][3]["events"][0]["reward"] = 5.0
+    doc["trace"] = trace
+    return doc
+
+
 def env_from_trace() -> dict[str, Any]:
     """Trajectory without env_id, summary trace naming the env; no cid at all."""
     return {
@@ -297,6 +326,7 @@ def all_cases() -> list[bytes]:
         legacy_toolbox(),
         trace_only_grid(),
         trace_only_tool_messages(),
+        dual_two_envs(),
         env_from_trace(),
         env_from_trace_names(),
         env_id_no_id(),

@@ -366,9 +366,11 @@ def correlation(
 def drift(runs: list[StoredRun], env: str | None = None) -> dict[tuple[Any, ...], dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[StoredRun]] = defaultdict(list)
     for run in runs:
-        run_env_id = run_env(run.doc)[0]
-        if _in(run, env, run_env_id):
-            groups[(run.day, run_env_id)].append(run)
+        # Under each of its envs: every trajectory's, and the run's own.
+        own = [t.get("env_id") for t in run.doc["trajectories"] if t.get("env_id") is not None]
+        for run_env_id in dict.fromkeys([*own, run_env(run.doc)[0]]):
+            if _in(run, env, run_env_id):
+                groups[(run.day, run_env_id)].append(run)
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for (day, env_id), members in groups.items():
         rows = {r.doc["run_id"]: drift_of(r.doc) for r in members}

@@ -5,21 +5,32 @@
 -- env without any. findings and runs_with_kind count that kind; runs .. drift_rate
 -- describe the whole day and env: its runs, those with a drift check, the comparable
 -- ones (SPEC section 6) and those of them with at least one finding. drift_rate is
--- drifted_runs / comparable_runs, as in GET /v1/drift. env_id is the run's (its first
--- trajectory's, else its trace metadata's).
-WITH scope AS (
+-- drifted_runs / comparable_runs, as in GET /v1/drift. A run counts under each of its
+-- envs, as GET /v1/drift's env filter and by_env count it: every trajectory's env_id, and
+-- the run's own (its first trajectory's, else its trace metadata's); a run of two envs
+-- is in both groups, with all its findings.
+WITH run_envs AS (
+    SELECT DISTINCT run_pk, env_id
+    FROM (
+        SELECT run_pk, env_id FROM trajectories WHERE env_id IS NOT NULL
+        UNION ALL
+        SELECT run_pk, env_id FROM run_facts
+    )
+),
+scope AS (
     SELECT
         rf.run_pk,
         rf.day,
-        rf.env_id,
+        re.env_id,
         dc.run_pk IS NOT NULL AS checked,
         coalesce(dc.comparable, false) AS comparable,
         coalesce(dc.n_findings, 0) > 0 AS drifted
     FROM run_facts AS rf
+    JOIN run_envs AS re ON re.run_pk = rf.run_pk
     LEFT JOIN drift_checks AS dc ON dc.run_pk = rf.run_pk
     WHERE ($since IS NULL OR rf.received_at >= $since)
       AND ($until IS NULL OR rf.received_at < $until)
-      AND ($env IS NULL OR rf.env_id = $env)
+      AND ($env IS NULL OR re.env_id = $env)
 ),
 per_group AS (
     SELECT
