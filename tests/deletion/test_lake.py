@@ -53,6 +53,8 @@ def test_the_next_delta_export_deletes_deleted_runs(lake_store: LakeStore, tmp_p
     held = _run_rows(lake, "r2")
     assert all(held[t] > 0 for t in ("runs", "trajectories", "steps", "traces", "trace_events"))
 
+    # One delete commit per table holding rows of either run (one chunk of runs each).
+    holding = {t for t in RUN_TABLES if held[t] or _run_rows(lake, "r3")[t]}
     _delete(lake_store, "r2", "r3")
     # r3 comes back as a new run (other content): the lake must keep the new one.
     again = rollout("r3")
@@ -71,6 +73,13 @@ def test_the_next_delta_export_deletes_deleted_runs(lake_store: LakeStore, tmp_p
 
     entry = summary.manifest["exports"][-1]
     assert entry["deleted_runs"] == 2
+    assert entry["removed_runs"] == summary.removed_runs == 2
+    assert entry["deletion_commits"] == summary.deletion_commits == len(holding)
+    # The summary's Delta commits count the deletions' too (it left them out), and says so.
+    assert summary.files == len(entry["versions"]) + len(holding)
+    line = summary.line()
+    assert f": {summary.files} Delta commits (" in line
+    assert line.endswith(f"; {len(holding)} of them removed 2 deleted runs from the lake")
     state = lake_files.read_state(lake, lake_store.store_id())
     assert state.data["deletions_upto"] == entry["deletions"]["upto"]
     assert entry["deletions"]["upto"] > entry["deletions"]["after"]
@@ -78,6 +87,16 @@ def test_the_next_delta_export_deletes_deleted_runs(lake_store: LakeStore, tmp_p
     # The next export has nothing more to delete and changes nothing.
     quiet = lake_store.export(lake)
     assert quiet.manifest["exports"][-1]["deleted_runs"] == 0
+    assert (quiet.removed_runs, quiet.deletion_commits) == (0, 0)
+    assert quiet.files == len(quiet.manifest["exports"][-1]["versions"])
+    assert quiet.line().endswith("; no deleted run to remove from the lake")
+    # A run deleted before any export took it: nothing to remove, and no commit made (a
+    # Delta delete that matches no row commits nothing; each was counted as one).
+    lake_store.ingest("fleeting")
+    _delete(lake_store, "fleeting")
+    passing = lake_store.export(lake)
+    assert passing.manifest["exports"][-1]["deleted_runs"] == 1
+    assert (passing.removed_runs, passing.deletion_commits) == (0, 0)
     assert check_lake_once(lake, lake_store) == {"r1", "r3", "r4"}
 
 
@@ -165,7 +184,7 @@ print(" ".join(calls))
 """
 
 
-def test_a_run_deleted_while_an_export_stages_it_leaves_the_lake_next_time(
+def test_a_run_deleted_while_an_export_stages_it_never_reaches_the_lake(
     lake_store: LakeStore, tmp_path: Path
 ) -> None:
     # The deletion commits after the export fixed its runs, while it copies their tables.
@@ -193,7 +212,9 @@ def test_a_run_deleted_while_an_export_stages_it_leaves_the_lake_next_time(
     with lake_store.engine.connect() as conn:
         gone = conn.exec_driver_sql("SELECT count(*) FROM runs WHERE run_id = 'doomed'")
         assert gone.scalar() == 0
-    # That export wrote the run's staged `runs` row; the next one removes it.
+    # That export left the run out, deleted while it was staged (it wrote its `runs` row,
+    # the children gone: tests/lake/test_consistency.py); the next one has nothing to do.
+    assert set(_run_rows(lake, "doomed").values()) == {0}
     lake_store.export(lake)
     assert set(_run_rows(lake, "doomed").values()) == {0}
     assert check_lake_once(lake, lake_store) == {"keep", "late"}

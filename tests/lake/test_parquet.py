@@ -127,3 +127,16 @@ def test_a_windowed_snapshot_cannot_be_continued(lake_store: LakeStore, tmp_path
     )
     with pytest.raises(InvalidRequest, match="--since/--until"):
         lake_store.export(snap, fmt="parquet")
+
+
+def test_the_summary_line_says_what_a_parquet_export_wrote(
+    lake_store: LakeStore, tmp_path: Path
+) -> None:
+    lake_store.ingest("p1")
+    summary = lake_store.export(tmp_path / "snap", fmt="parquet", incremental=False)
+    rows = ", ".join(f"{n} {t}" for t, n in summary.rows.items())
+    assert summary.line() == (
+        f"exported 1 runs (ingest_seq [0, {summary.upto})) to {summary.path} in "
+        f"{summary.seconds:.1f}s: {summary.files} Parquet files ({rows}); "
+        f"manifest {summary.path / 'manifest.json'}"
+    )

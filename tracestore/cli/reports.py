@@ -480,15 +480,7 @@ def export(
             )
     for notice in summary.notices:
         note(notice)
-    rows = summary.rows
-    counts = ", ".join(f"{n} {t}" for t, n in rows.items())
-    batch = f"ingest_seq [{summary.after or 0}, {summary.upto})"
-    what = "Parquet files" if summary.format == "parquet" else "Delta commits"
-    typer.echo(
-        f"exported {summary.runs} runs ({batch}) to {summary.path} in {summary.seconds:.1f}s: "
-        f"{summary.files} {what} ({counts})"
-        + (f"; manifest {summary.path / 'manifest.json'}" if summary.format == "parquet" else "")
-    )
+    typer.echo(summary.line())
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,12 @@ Which runs an export carries is fixed first, by a commit-ordered cut on `ingest_
 or the lake's per-store state), and `--incremental` starts where the last export ended,
 so a nightly job takes every run exactly once however ingest and the job interleave.
 
+The batch is one picture of its runs, whatever is deleted or stored meanwhile: every
+table holds the rows of exactly the runs in its `runs`, each with all of them. On
+PostgreSQL every table is read in one snapshot (one DuckDB transaction); on SQLite, whose
+scanner has none common to its reads, the runs deleted while the tables were read are
+left out of every table afterwards (`_leave_out_gone`).
+
 Every row carries the store's id and its run's run_id and ingest_seq (lake.py). Float
 epoch seconds (trace_events.event_time, trace_messages.event_time and message_time)
 become timestamps, the float kept beside as `<name>_epoch`.
@@ -29,7 +35,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from datetime import time as clock
@@ -37,6 +43,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -97,14 +104,36 @@ class ExportSummary:
     runs: int  # runs this export carried
     after: int | None
     upto: int
-    files: int
+    files: int  # Parquet files written; Delta commits made (deletions' included)
     seconds: float
     notices: list[str] = field(default_factory=list)
+    # Delta: runs deleted from the store that this export removed from the lake, and the
+    # commits that took (counted in `files` too).
+    removed_runs: int = 0
+    deletion_commits: int = 0
 
     @property
     def rows(self) -> dict[str, int]:
         """Rows this export wrote, per table."""
         return dict(self.written)
+
+    def line(self) -> str:
+        """The one-line summary `tracestore export` prints."""
+        counts = ", ".join(f"{n} {t}" for t, n in self.written.items())
+        batch = f"ingest_seq [{self.after or 0}, {self.upto})"
+        what = "Parquet files" if self.format == LakeFormat.parquet else "Delta commits"
+        text = (
+            f"exported {self.runs} runs ({batch}) to {self.path} in {self.seconds:.1f}s: "
+            f"{self.files} {what} ({counts})"
+        )
+        if self.format == LakeFormat.parquet:
+            return f"{text}; manifest {self.path / MANIFEST}"
+        if not (self.removed_runs or self.deletion_commits):
+            return f"{text}; no deleted run to remove from the lake"
+        return (
+            f"{text}; {self.deletion_commits} of them removed {self.removed_runs} "
+            "deleted runs from the lake"
+        )
 
 
 @dataclass(slots=True)
@@ -115,6 +144,7 @@ class _Staged:
     partitioned: bool
     columns: list[dict[str, str]]
     files: list[Path]
+    stem: str  # of its files' names (lake.file_stem)
 
 
 def _check_empty_target(out: Path) -> None:
@@ -196,6 +226,8 @@ def export_snapshot(
         files=summary.files,
         seconds=time.monotonic() - started,
         notices=[*cut.notices, *summary.notices],
+        removed_runs=summary.removed_runs,
+        deletion_commits=summary.deletion_commits,
     )
 
 
@@ -259,9 +291,28 @@ def _stage_table(
     columns = _table_columns(analytics, name)
     select, partitioned = _select(name, columns, store_id)
     described = analytics.con.execute(f"DESCRIBE ({select})").fetchall()
-    target = staging / name
     # Ordered by key: the same batch exports the same bytes, so checksums compare.
-    ordered = f"{select} ORDER BY t.{quote_ident(columns[0])}"
+    files, partitioned = _copy_out(
+        analytics,
+        staging / name,
+        stem,
+        f"{select} ORDER BY t.{quote_ident(columns[0])}",
+        partitioned,
+    )
+    return _Staged(
+        rows=sum(_parquet_rows(p) for p in files),
+        partitioned=partitioned,
+        columns=[{"name": str(c[0]), "type": str(c[1])} for c in described],
+        files=files,
+        stem=stem,
+    )
+
+
+def _copy_out(
+    analytics: Analytics, target: Path, stem: str, ordered: str, partitioned: bool
+) -> tuple[list[Path], bool]:
+    """Write the rows of the SELECT `ordered` as Parquet under `target`; returns the files
+    and whether they sit in `day=` folders."""
     pattern = sql_literal(stem + "_{i}")
     if partitioned:
         options = (
@@ -279,13 +330,7 @@ def _stage_table(
         )
         files = [path]
         partitioned = False
-    rows = sum(_parquet_rows(p) for p in files)
-    return _Staged(
-        rows=rows,
-        partitioned=partitioned,
-        columns=[{"name": str(c[0]), "type": str(c[1])} for c in described],
-        files=files,
-    )
+    return files, partitioned
 
 
 @dataclass(slots=True)
@@ -316,54 +361,183 @@ def _stage(
 ) -> tuple[_Batch, list[str]]:
     with open_live(engine, extension_dir=extension_dir, writable_dir=staging) as analytics:
         con = analytics.con
-        header = _dataset_header(con, dataset) if dataset is not None else None
-        # The deletions this export applies are read before any run is: a run deleted
-        # while its rows are being staged is then past their range, and the next export
-        # deletes the rows this one writes. Read last (as they were), that deletion fell
-        # in this export's range, applied before the staged rows went in: the run stayed
-        # in the lake for good, partly (found by exploratory QA, on SQLite).
-        deletions = None if deletions_after is None else _deletions(con, cut, deletions_after)
-        con.execute(
-            "CREATE TEMP TABLE _export_runs AS "
-            "SELECT id AS run_pk, run_id, ingest_seq, received_at, "
-            "CAST(timezone('UTC', received_at) AS DATE) AS day "
-            "FROM runs WHERE ingest_seq < $upto AND ($after IS NULL OR ingest_seq >= $after) "
-            "AND ($since IS NULL OR received_at >= $since) "
-            "AND ($until IS NULL OR received_at < $until) "
-            "AND ($dataset IS NULL OR run_id IN (SELECT r.run_id FROM dataset_runs AS r "
-            "JOIN datasets AS d ON d.id = r.dataset_pk WHERE d.name = $dataset))",
-            {
-                "upto": cut.upto,
-                "after": after,
-                "since": filters.since,
-                "until": filters.until,
-                "dataset": dataset,
-            },
-        )
+        attached = _attached(analytics)
+        # On PostgreSQL one DuckDB transaction is one REPEATABLE READ transaction of the
+        # postgres scanner: the runs and every table are read in one snapshot. The sqlite
+        # scanner has no such thing (each scan opens connections of its own), which
+        # `_leave_out_gone` makes up for.
+        one_snapshot = attached and engine.dialect.name == "postgresql"
+        if one_snapshot:
+            con.execute("BEGIN TRANSACTION")
+        try:
+            header = _dataset_header(con, dataset) if dataset is not None else None
+            # The deletions this export applies are read before any run is: a run deleted
+            # while its rows are being staged is then past their range, and the next export
+            # deletes the rows this one writes. Read last (as they were), that deletion fell
+            # in this export's range, applied before the staged rows went in: the run stayed
+            # in the lake for good, partly (found by exploratory QA, on SQLite).
+            deletions = None if deletions_after is None else _deletions(con, cut, deletions_after)
+            con.execute(
+                "CREATE TEMP TABLE _export_runs AS "
+                "SELECT id AS run_pk, run_id, ingest_seq, received_at, "
+                "CAST(timezone('UTC', received_at) AS DATE) AS day "
+                "FROM runs WHERE ingest_seq < $upto AND ($after IS NULL OR ingest_seq >= $after) "
+                "AND ($since IS NULL OR received_at >= $since) "
+                "AND ($until IS NULL OR received_at < $until) "
+                "AND ($dataset IS NULL OR run_id IN (SELECT r.run_id FROM dataset_runs AS r "
+                "JOIN datasets AS d ON d.id = r.dataset_pk WHERE d.name = $dataset))",
+                {
+                    "upto": cut.upto,
+                    "after": after,
+                    "since": filters.since,
+                    "until": filters.until,
+                    "dataset": dataset,
+                },
+            )
+            tables: dict[str, _Staged] = {}
+            for name in model_tables():
+                if name not in analytics.tables or name in EXCLUDED_TABLES | NOT_EXPORTED:
+                    continue
+
+                def write(name: str = name) -> _Staged:
+                    # A retry starts over: a failed COPY may have left some partitions behind.
+                    shutil.rmtree(staging / name, ignore_errors=True)
+                    stem = lake.file_stem(cut.store_id, after, cut.upto, name)
+                    return _stage_table(analytics, staging, name, cut.store_id, stem)
+
+                # On SQLite a JSON column holding a bare number trips the scanner mid-COPY:
+                # the table is then read through SQLAlchemy and written again.
+                tables[name] = analytics.retrying(write)
+            if one_snapshot:
+                con.execute("COMMIT")
+        except BaseException:
+            if one_snapshot:
+                with suppress(duckdb.Error):  # the first error is the one to report
+                    con.execute("ROLLBACK")
+            raise
+        _leave_out_gone(analytics, engine, attached, staging, tables)
         span = con.execute(
             "SELECT count(*), CAST(min(received_at) AS VARCHAR), "
             "CAST(max(received_at) AS VARCHAR) FROM _export_runs"
         ).fetchone()
         assert span is not None
-        tables: dict[str, _Staged] = {}
-        for name in model_tables():
-            if name not in analytics.tables or name in EXCLUDED_TABLES | NOT_EXPORTED:
-                continue
-
-            def write(name: str = name) -> _Staged:
-                # A retry starts over: a failed COPY may have left some partitions behind.
-                shutil.rmtree(staging / name, ignore_errors=True)
-                stem = lake.file_stem(cut.store_id, after, cut.upto, name)
-                return _stage_table(analytics, staging, name, cut.store_id, stem)
-
-            # On SQLite a JSON column holding a bare number trips the scanner mid-COPY:
-            # the table is then read through SQLAlchemy and written again.
-            tables[name] = analytics.retrying(write)
         notices = list(analytics.notices)
         batch = _Batch(int(span[0]), _iso(span[1]), _iso(span[2]), tables, header)
         if deletions is not None:
             batch.deletions, batch.deletions_upto = deletions
     return batch, notices
+
+
+def _attached(analytics: Analytics) -> bool:
+    """Whether DuckDB reads the store through its scanner (else through SQLAlchemy copies)."""
+    found = analytics.con.execute(
+        "SELECT count(*) FROM duckdb_databases() WHERE database_name = 'store'"
+    ).fetchone()
+    return found is not None and found[0] > 0
+
+
+def _leave_out_gone(
+    analytics: Analytics,
+    engine: Engine,
+    attached: bool,
+    staging: Path,
+    tables: dict[str, _Staged],
+) -> None:
+    """Leave out of the staged batch the runs deleted while it was staged.
+
+    Each table was read at a moment of its own (SQLite: no snapshot is common to DuckDB's
+    scans): a run deleted meanwhile could keep its `runs` row and lose its children, or
+    the reverse, and on SQLite the next run stored may take its key, its rows then staged
+    as the deleted run's. A run still in the store now, with its key, run_id and
+    ingest_seq (a new run never has all three), existed all along: every table holds all
+    its rows, as ingest wrote them in one transaction. Runs stored meanwhile are past the
+    cut, so no table holds them. What is left to do is to drop, from every table, the
+    runs no longer there, found by one read of `runs` after the last table.
+    """
+    con = analytics.con
+    if attached:
+        schema = "public" if engine.dialect.name == "postgresql" else "main"
+        current = f"store.{quote_ident(schema)}.runs"
+    else:
+        current = "_export_current"
+        _register_current_runs(analytics, engine)
+    con.execute(
+        "CREATE TEMP TABLE _export_gone AS SELECT x.run_pk, x.run_id, x.ingest_seq "
+        "FROM _export_runs AS x WHERE NOT EXISTS (SELECT 1 FROM "
+        f"{current} AS r WHERE r.id = x.run_pk AND r.run_id = x.run_id "
+        "AND r.ingest_seq = x.ingest_seq)"
+    )
+    found = con.execute("SELECT count(*) FROM _export_gone").fetchone()
+    gone = int(found[0]) if found is not None else 0
+    if not gone:
+        return
+    con.execute("DELETE FROM _export_runs WHERE run_pk IN (SELECT run_pk FROM _export_gone)")
+    for name, staged in tables.items():
+        if name in WHOLE_TABLES or staged.rows == 0:
+            continue
+        tables[name] = _restage_without_gone(analytics, staging, name, staged)
+    what = "1 run was" if gone == 1 else f"{gone} runs were"
+    analytics.notices.append(f"{what} deleted from the store while the export read it: left out")
+
+
+def _register_current_runs(analytics: Analytics, engine: Engine) -> None:
+    """The store's runs as they are now, read through SQLAlchemy (no scanner attached:
+    the tables DuckDB reads are copies taken when it opened)."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # no type stubs
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, run_id, ingest_seq FROM runs")).all()
+    data = pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "run_id": pa.array([r[1] for r in rows], pa.string()),
+            "ingest_seq": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
+    analytics.con.register("_export_current_arrow", data)
+    try:
+        analytics.con.execute("CREATE TEMP TABLE _export_current AS FROM _export_current_arrow")
+    finally:
+        analytics.con.unregister("_export_current_arrow")
+
+
+def _restage_without_gone(
+    analytics: Analytics, staging: Path, name: str, staged: _Staged
+) -> _Staged:
+    """Write a staged table again without the rows of the runs in `_export_gone` (by the
+    run_id and ingest_seq every staged row carries)."""
+    con = analytics.con
+    target = staging / name
+
+    def rows_in(folder: Path) -> str:
+        files = ", ".join(sql_literal(str(folder / p.relative_to(target))) for p in staged.files)
+        if staged.partitioned:
+            return (
+                f"read_parquet([{files}], hive_partitioning = true, hive_types = {{'day': DATE}})"
+            )
+        return f"read_parquet([{files}], hive_partitioning = false)"
+
+    gone = "_export_gone AS g ON g.run_id = t.run_id AND g.ingest_seq = t.ingest_seq"
+    hit = con.execute(f"SELECT count(*) FROM {rows_in(target)} AS t SEMI JOIN {gone}").fetchone()
+    if hit is None or not hit[0]:
+        return staged
+    old = staging / f".{name}.before"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(target, old)
+    kept = (
+        f"SELECT * FROM {rows_in(old)} AS t ANTI JOIN {gone} "
+        f"ORDER BY t.{quote_ident(staged.columns[0]['name'])}"
+    )
+    files, partitioned = _copy_out(analytics, target, staged.stem, kept, staged.partitioned)
+    shutil.rmtree(old, ignore_errors=True)
+    return _Staged(
+        rows=sum(_parquet_rows(p) for p in files),
+        partitioned=partitioned,
+        columns=staged.columns,
+        files=files,
+        stem=staged.stem,
+    )
 
 
 def _dataset_header(con: Any, name: str) -> dict[str, Any]:
@@ -406,15 +580,24 @@ def _deletions(con: Any, cut: Cut, after: int) -> tuple[list[tuple[str, int | No
 _DELETE_CHUNK = 200
 
 
-def _delete_from_lake(out: Path, store_id: str, deletions: list[tuple[str, int | None]]) -> int:
-    """Delete the rows of deleted runs from every run table of the lake; returns the Delta
-    commits made. A run is named with its ingest_seq: the same run_id stored again later
-    (a new run) keeps its rows."""
+@dataclass(frozen=True, slots=True)
+class _LakeDeletion:
+    """What deleting the store's deleted runs did to the lake."""
+
+    runs: int  # rows of `runs` deleted: runs the lake held
+    commits: int  # Delta commits made (a delete that matches nothing makes none)
+
+
+def _delete_from_lake(
+    out: Path, store_id: str, deletions: list[tuple[str, int | None]]
+) -> _LakeDeletion:
+    """Delete the rows of deleted runs from every run table of the lake. A run is named
+    with its ingest_seq: the same run_id stored again later (a new run) keeps its rows."""
     from deltalake import DeltaTable
 
     if not deletions:
-        return 0
-    commits = 0
+        return _LakeDeletion(0, 0)
+    commits = removed = 0
     store = f"{STORE_COLUMN} = {lake.sql_string(store_id)}"
     tables = [p for p in sorted(out.iterdir()) if p.name not in WHOLE_TABLES]
     for path in tables:
@@ -428,9 +611,12 @@ def _delete_from_lake(out: Path, store_id: str, deletions: list[tuple[str, int |
                 + ")"
                 for run_id, seq in deletions[start : start + _DELETE_CHUNK]
             )
-            table.delete(f"{store} AND ({runs})")
-            commits += 1
-    return commits
+            version = table.version()
+            metrics = table.delete(f"{store} AND ({runs})")
+            commits += table.version() != version
+            if path.name == "runs":
+                removed += int(metrics.get("num_deleted_rows") or 0)
+    return _LakeDeletion(removed, commits)
 
 
 def _iso(text: str | None) -> str | None:
@@ -735,7 +921,7 @@ def _export_delta(
                 engine, staging, filters, cut, after, extension_dir, None, deletions_after
             )
             # Runs deleted from the store since the last export leave the lake first.
-            deletion_commits = _delete_from_lake(out, cut.store_id, batch.deletions)
+            removed = _delete_from_lake(out, cut.store_id, batch.deletions)
             store = f"{STORE_COLUMN} = {lake.sql_string(cut.store_id)}"
             if window:
                 by_run = " AND ".join([store, *window])
@@ -776,9 +962,11 @@ def _export_delta(
             "window": window,
             "rows": written,
             "versions": versions,
+            # Runs deleted from the store in the range; of them, those the lake held.
             "deleted_runs": len(batch.deletions),
+            "removed_runs": removed.runs,
             "deletions": {"after": deletions_after, "upto": batch.deletions_upto},
-            "deletion_commits": deletion_commits,
+            "deletion_commits": removed.commits,
         }
         # Where the next export starts reading the deletion audit (kept in the state).
         state.data["deletions_upto"] = batch.deletions_upto
@@ -791,9 +979,11 @@ def _export_delta(
         runs=batch.runs,
         after=after,
         upto=cut.upto,
-        files=len(versions),
+        files=len(versions) + removed.commits,
         seconds=0.0,
         notices=notices,
+        removed_runs=removed.runs,
+        deletion_commits=removed.commits,
     )
 
 
