@@ -85,9 +85,10 @@ def _convert_file(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from tracestore.convert import convert_document
+    from tracestore.convert.numbers import report_rounded
     from tracestore.ingest.files import UnreadableFile, iter_file, stored_size
     from tracestore.ingest.parse import validate_rollout
-    from tracestore.jsontext import dumps
+    from tracestore.jsontext import dumps, loads_whole, may_hold_inexact_numbers
 
     counts: Counter[str] = Counter()
     loss_kinds: Counter[str] = Counter()
@@ -126,9 +127,18 @@ def _convert_file(
                 if isinstance(item.value, TracestoreError):
                     raise item.value
                 doc = validate_rollout(item.value)
+                again = may_hold_inexact_numbers(item.raw)
+                if again:
+                    # orjson read an integer past 64 bits as a float, 1e-400 as 0.0: read
+                    # again with integers whole (convert/numbers.py), not holding both.
+                    del doc
+                    item.value = None
+                    doc = loads_whole(item.raw)
                 new_doc, conversion = convert_document(
                     doc, target, replace=replace, created_at=created_at
                 )
+                if again:
+                    conversion = report_rounded(conversion, new_doc)
             except TracestoreError as exc:
                 counts["invalid"] += 1
                 problems.append(f"{item.where}: {exc.message}")
@@ -140,6 +150,7 @@ def _convert_file(
             counts[conversion.action] += 1
             warnings.extend(f"{item.where}: {w}" for w in conversion.warnings)
             if conversion.action == "kept":
+                counts["kept, rounded"] += not conversion.lossless
                 continue
             counts["converted"] += 1
             counts["lossless" if conversion.lossless else "with losses"] += 1
@@ -163,9 +174,12 @@ def _convert_file(
     if len(warnings) > SHOW_PROBLEMS:
         err_console.print(f"  ... and {len(warnings) - SHOW_PROBLEMS} more warnings")
     if counts["kept"] and not replace:
+        # Unchanged but for the numbers no double holds (each said in a warning above).
+        rounded = counts["kept, rounded"]
+        but = f" ({rounded} with numbers written rounded)" if rounded else ""
         err_console.print(
-            f"  {counts['kept']} rollouts already had a {target} and were written unchanged: "
-            "--replace converts over it",
+            f"  {counts['kept']} rollouts already had a {target} and were written "
+            f"unchanged{but}: --replace converts over it",
             highlight=False,
             soft_wrap=True,
         )

@@ -17,6 +17,11 @@
 - The step's tool calls (when the step has a `tool_calls` list) as one assistant message,
   `metadata.is_tool_call` = true, `content.json_payload` = the JSON string
   `{"role": "assistant", "tool_calls": [...]}` with the calls exactly as sent (dialect kept).
+- An LM call event from the step's `info.meta` (model, token counts, latency, a call record
+  of the kept request and raw response). Its typed fields hold only what a trace may
+  (a non-number latency or a token count that is no 64-bit integer is null), and its call
+  record lists the response's tool calls only when the step made calls: readers take a
+  time step's calls from the first source with some (FORMAT §5).
 - Each event and message is the same object in its time step and in `event_history` /
   `markov_blanket_message_history`, linked by `metadata.step_id`, as producers write them.
 - Everything the trace has no place for goes in the `tracestore_legacy` carry (see
@@ -90,11 +95,15 @@ def _payload(calls: list[Any]) -> tuple[str, bool]:
 
 def _reward(value: object) -> tuple[float, str | None]:
     # Returns the trace reward and, when it is a default, why.
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, float):
+        return value, None  # as read (a RoundedFloat stays one, to be reported)
+    if isinstance(value, int) and not isinstance(value, bool):
         try:
-            return float(value), None
+            as_float = float(value)
         except OverflowError:
             return 0.0, "integer too large for a float: written as 0.0"
+        # An integer no double holds stays whole: the trace says the number the step does.
+        return (as_float if as_float == value else value), None
     if value is None:
         return 0.0, "null reward written as 0.0"
     return 0.0, "non-numeric reward written as 0.0"
@@ -151,8 +160,24 @@ def _json_text(value: object) -> str:
         return json.dumps(value, ensure_ascii=False, default=repr)
 
 
+# Typed trace fields hold 64-bit integers: ingest refuses a token count past them.
+_INT64 = 1 << 63
+
+
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    # A bool is no count (JSON's true is not 1), and ingest refuses it in a typed field.
+    return value if type(value) is int and -_INT64 <= value < _INT64 else None
+
+
+def _number(value: object) -> float | None:
+    # As `_int`, for `latency_ms`: a bool is no number; an integer must read as a double.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        float(value)
+    except OverflowError:
+        return None
+    return value
 
 
 def _text_of(content: object) -> str | None:
@@ -260,12 +285,19 @@ def _lm_event(
         "output_tokens": _int(usage.get("completion_tokens", usage.get("output_tokens"))),
         "total_tokens": _int(usage.get("total_tokens")),
         "cost_usd": None,
-        "latency_ms": latency if isinstance(latency, int | float) else None,
+        "latency_ms": _number(latency),
         "span_id": None,
         "trace_id": None,
         "call_records": [record] if record is not None else [],
     }
 
+
+# The step's token counts as the LM event reads them: (key, the other name it may have).
+_TOKEN_KEYS = (
+    ("prompt_tokens", "input_tokens"),
+    ("completion_tokens", "output_tokens"),
+    ("total_tokens", None),
+)
 
 _MISSING_PARTS = {
     "system_prompt": (
@@ -327,6 +359,44 @@ class _Builder:
                 "no prompt text in trajectories: the user message holds the observation",
             )
         return out
+
+    def _unreadable_meta(self, t: int, j: int, meta: Mapping[str, Any]) -> None:
+        """Report the `info.meta` values the LM event's typed fields could not take."""
+        latency = meta.get("inference_ms")
+        if latency is not None and _number(latency) is None:
+            self.losses.add_step(
+                t, j, "info.meta.inference_ms", "carried", "not a number: latency_ms is null"
+            )
+        usage = meta.get("usage")
+        if not isinstance(usage, Mapping):
+            return
+        for key, other in _TOKEN_KEYS:
+            count = usage.get(key, usage.get(other)) if other else usage.get(key)
+            if count is not None and _int(count) is None:
+                self.losses.add_step(
+                    t,
+                    j,
+                    f"info.meta.usage.{key}",
+                    "carried",
+                    "not a 64-bit integer: the LM event's token count is null",
+                )
+
+    def _unmade_calls(self, t: int, j: int, lm: dict[str, Any]) -> None:
+        """Empty the call record's tool calls of a step that made none (a call the model
+        proposed and the env did not run): readers take a time step's calls from the
+        first source that has some (FORMAT §5), so the record's would be read as the
+        step's, and the way back and the drift check would see calls the step never made.
+        The raw response stays in the carried `info`."""
+        for record in lm["call_records"]:
+            if record["output_tool_calls"]:
+                record["output_tool_calls"] = []
+                self.losses.add_step(
+                    t,
+                    j,
+                    "info.meta.raw_response",
+                    "carried",
+                    "its tool calls, which the step did not make, are not in the call record",
+                )
 
     def step(self, t: int, j: int, step: object, after: object, instance: str, policy: str) -> None:
         """Append one step's time step: prompt, LM call, environment event, tool calls."""
@@ -393,6 +463,9 @@ class _Builder:
         step_events: list[dict[str, Any]] = []
         lm = _lm_event(meta, request, j, sid, policy)
         if lm is not None:
+            self._unreadable_meta(t, j, meta)
+            if not (isinstance(step, Mapping) and _made_calls(step)):
+                self._unmade_calls(t, j, lm)
             step_events.append(lm)
             if not lm["call_records"]:
                 self.missing["call_records"] += 1
@@ -466,6 +539,13 @@ def _model(trajectories: list[Any]) -> object:
 
 def _as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _made_calls(step: Mapping[str, Any]) -> bool:
+    # As the drift check reads a step: an empty, null, absent or non-list `tool_calls`
+    # is no calls.
+    calls = step.get("tool_calls")
+    return isinstance(calls, list) and bool(calls)
 
 
 def trajectories_to_trace(

@@ -156,11 +156,16 @@ def _inference_url(envelope: Mapping[str, Any] | None, losses: LossCollector) ->
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    # A float as read (a RoundedFloat stays one, to be reported); an integer as a float
+    # when a double holds it, else whole (a trace's `1` is a trajectory's `1.0`).
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
         try:
-            return float(value)
+            as_float = float(value)
         except OverflowError:
             return None
+        return as_float if as_float == value else value
     return None
 
 
@@ -215,7 +220,8 @@ def _step_info(env_step: EnvStep, j: int, url: str, losses: LossCollector) -> di
     if lm is not None:
         latency = _number(lm.get("latency_ms"))
         if latency is not None:
-            meta.setdefault("inference_ms", int(latency) if latency.is_integer() else latency)
+            whole = type(latency) is float and latency.is_integer()
+            meta.setdefault("inference_ms", int(latency) if whole else latency)
         usage = _usage(lm)
         if usage:
             meta.setdefault("usage", usage)

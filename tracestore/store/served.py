@@ -40,19 +40,43 @@ class Served:
 def serve_trace(doc: Mapping[str, Any], received_at: datetime | None = None) -> Served:
     """The full-shape v3 trace of a document: its own (unwrapped), else converted.
 
-    A converted trace's `created_at` is the document's own when it has one, else the
-    time the store received the rollout.
+    A full or wrapped trace with nothing in it (`session_trace: null`: `holds_nothing`)
+    is converted too when the run has trajectories (docs/FORMAT.md §5). A
+    converted trace's `created_at` is the document's own when it has one, else the time
+    the store received the rollout.
     """
     trace = doc.get("trace")
     kind = classify_trace(trace)
+    session: Mapping[str, Any] | None = None
     if kind in USABLE_TRACE_KINDS and isinstance(trace, Mapping):
-        session_trace = unwrap_trace(trace)[0] if kind == "wrapped" else trace
-        return Served(session_trace, "stored", kind)
+        session = unwrap_trace(trace)[0] if kind == "wrapped" else trace
+        if not holds_nothing(session):
+            return Served(session, "stored", kind)
     if doc.get("trajectories"):
         created_at = received_at.isoformat() if received_at is not None else None
         conversion = trajectories_to_trace(doc, created_at=created_at)
         return Served(conversion.data, "converted", kind, conversion)
-    raise nothing_to_serve(doc.get("run_id"), kind, "trace")
+    if session is not None and classify_trace(session) == "full":
+        # An empty trace in the full shape is still the producer's answer; `{}` (what
+        # `session_trace: null` unwraps to) has no shape at all and is never served.
+        return Served(session, "stored", kind)
+    raise nothing_to_serve(doc.get("run_id"), kind, "trace", empty=session is not None)
+
+
+def holds_nothing(session: Mapping[str, Any]) -> bool:
+    """Whether a session trace (full shape, unwrapped) has nothing in it: every member but
+    its `session_id` and `created_at` null or empty (no time step, event, message or
+    metadata), as hand-built apps send an empty inner trace (docs/FORMAT.md §3)."""
+    # Only a trace without a thing a producer recorded: one with metadata or time steps
+    # but no events is still the producer's trace, served as sent.
+    return all(
+        value is None or (isinstance(value, list | dict | str) and not value)
+        for key, value in session.items()
+        if key not in _IDENTITY_KEYS
+    )
+
+
+_IDENTITY_KEYS = frozenset(("session_id", "created_at"))
 
 
 def serve_trajectories(doc: Mapping[str, Any]) -> Served:
@@ -67,15 +91,17 @@ def serve_trajectories(doc: Mapping[str, Any]) -> Served:
     raise nothing_to_serve(doc.get("run_id"), kind, "trajectories")
 
 
-def nothing_to_serve(run_id: object, kind: str | None, part: str) -> NotFound:
-    """The 404 of a run that has neither a usable trace nor trajectories."""
+def nothing_to_serve(
+    run_id: object, kind: str | None, part: str, *, empty: bool = False
+) -> NotFound:
+    """The 404 of a run that has neither a usable trace nor trajectories (`empty`: its
+    trace is full or wrapped, with nothing in it)."""
     if part == "trace":
         what = "no full trace (its trace is {}) and no trajectories to convert one from"
     else:
         what = "no trajectories and no full trace (its trace is {}) to convert them from"
-    return NotFound(
-        f"run {run_id!r} has " + what.format(kind or "null"), run_id=run_id, trace_kind=kind
-    )
+    said = f"{kind}, with nothing in it" if empty else kind or "null"
+    return NotFound(f"run {run_id!r} has " + what.format(said), run_id=run_id, trace_kind=kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +113,19 @@ class StoredRun:
     trace_kind: str | None
     n_steps: int
     n_trajectories: int
+    # The run-level trace's events and messages: a full or wrapped trace without any may
+    # be one with nothing in it (`holds_nothing` decides, from the document).
+    n_events: int = 0
+    n_messages: int = 0
 
     def converts(self, part: Literal["trace", "trajectories"]) -> bool:
-        """Whether serving `part` converts it from the other part (as serve_trace and
-        serve_trajectories decide from the document: ingest wrote these columns from it)."""
+        """Whether serving `part` may convert it from the other part (as serve_trace and
+        serve_trajectories decide from the document: ingest wrote these columns from it).
+        A full or wrapped trace without events and messages may still hold metadata and be
+        served as stored: counted as converting, so a read is charged enough."""
         if part == "trace":
-            return self.trace_kind not in USABLE_TRACE_KINDS
+            holds = self.n_events > 0 or self.n_messages > 0
+            return not (self.trace_kind in USABLE_TRACE_KINDS and holds) and self.n_trajectories > 0
         return self.n_trajectories == 0
 
     def servable(self) -> bool:
@@ -108,6 +141,8 @@ _STORED = (
         Run.trace_kind,
         Run.n_steps,
         Run.n_trajectories,
+        Run.n_events,
+        Run.n_messages,
     )
     .join(Run, Run.id == RunDocument.run_pk)
     .where(Run.run_id == bindparam("run_id"))
@@ -125,4 +160,6 @@ def stored_run(session: Session, run_id: str) -> StoredRun:
         row.trace_kind,
         row.n_steps,
         row.n_trajectories,
+        row.n_events,
+        row.n_messages,
     )

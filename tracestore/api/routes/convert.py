@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace as with_changes
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -17,9 +18,10 @@ from tracestore.api.held import Part, conversion_cost, served_read
 from tracestore.api.params import RUN_PATH, RunIdPath
 from tracestore.api.schemas import error_responses
 from tracestore.convert import convert_document
+from tracestore.convert.numbers import report_rounded
 from tracestore.errors import PayloadTooLarge
 from tracestore.ingest.parse import parse_json, validate_rollout
-from tracestore.jsontext import dumps, may_hold_inexact_numbers, member_text
+from tracestore.jsontext import dumps, loads_whole, may_hold_inexact_numbers, member_text
 from tracestore.store.served import Served, serve_trace, serve_trajectories
 
 router = APIRouter(prefix="/v1", tags=["convert"])
@@ -56,8 +58,11 @@ def _response(served: Served, body: bytes | None = None) -> Response:
     summary="The run's v3 trace (full shape): stored, or converted from its trajectories.",
     description=(
         "A stored `full` trace is returned as sent; a `wrapped` one is unwrapped to its "
-        "session trace. A run whose trace is null, empty or a summary gets a trace converted "
-        "from its trajectories (deterministic; provenance in `metadata`)."
+        "session trace. A run whose trace is null, empty or a summary, or a full or wrapped "
+        "trace with nothing in it (`session_trace: null`; docs/FORMAT.md §5), gets a trace "
+        "converted from its trajectories (deterministic; provenance in `metadata`). "
+        "Converted parts keep every integer whole; the loss count of "
+        "`X-Tracestore-Converter` includes numbers no double holds, written rounded."
     ),
     responses={
         200: {"content": {"application/json": {}}, "headers": _HEADERS_DOC},
@@ -108,24 +113,38 @@ def _cost(raw: bytes, to: str) -> int:
 
 def _answer(raw: bytes, to: str, replace: bool) -> bytes:
     doc = validate_rollout(parse_json(raw))
+    again = may_hold_inexact_numbers(raw)
+    if again:
+        # orjson read an integer past 64 bits as a float, 1e-400 as 0.0: read it again
+        # with integers whole (convert/numbers.py), not holding both readings at once.
+        del doc
+        doc = loads_whole(raw)
     # Not stored, so the request's time is when this trace came to be.
     now = datetime.now(UTC).isoformat()
     new_doc, conversion = convert_document(doc, to, replace=replace, created_at=now)
+    if again:
+        # The answer is the whole document: a number rounded anywhere in it is a loss.
+        conversion = report_rounded(conversion, new_doc)
     # Serialized here, in the thread and inside the budget: the answer holds it all.
     return dumps({"document": new_doc, **conversion.report()})
 
 
 def _serve(raw: bytes, received_at: datetime, part: Part) -> Response:
-    doc = orjson.loads(raw)
+    # orjson reads 1e-400 as 0.0 and a 30-digit integer as a float: a document that may
+    # hold such numbers is read with integers whole (convert/numbers.py).
+    again = may_hold_inexact_numbers(raw)
+    doc = loads_whole(raw) if again else orjson.loads(raw)
     served = serve_trace(doc, received_at) if part == "trace" else serve_trajectories(doc)
-    if served.source == "stored" and may_hold_inexact_numbers(raw):
-        # orjson read 1e-400 as 0.0 and a 30-digit integer as a float: a stored part is
-        # served from the document's own text instead, every number as sent.
+    if again and served.source == "stored":
+        # A stored part is served from the document's own text, every number as sent.
         wrapped = part == "trace" and served.trace_kind == "wrapped"
         path = ("trace", "session_trace") if wrapped else (part,)
         text = member_text(raw, path)
         if text is not None:
             return _response(served, text)
+    if again and served.conversion is not None:
+        rounded = report_rounded(served.conversion, served.data, part)
+        served = with_changes(served, conversion=rounded)
     return _response(served)
 
 
