@@ -110,3 +110,34 @@ def test_recompute_checks_runs_stored_before_drift(
         after["summary"]["comparable_runs_with_drift"]
         == label_figures(examples)["comparable_runs_with_drift"]
     )
+
+
+def test_recompute_names_run_ids_not_in_the_store_and_exits_2(
+    engine: Engine, stored: str, examples: list[Example]
+) -> None:
+    with write_session(engine) as session:
+        session.execute(delete(DriftFinding))
+        session.execute(delete(DriftCheck))
+    known = created(examples)[0].label["run_id"]
+    done = drift(
+        "--db", stored, "-f", "json", "--recompute", "--run", "no-such-run", "--run", known
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--run names no stored run: 'no-such-run'" in done.stderr
+    assert known not in done.stderr
+    # The known run was still recomputed, and the report still written.
+    assert "recomputed 1 of 1 runs" in done.stderr
+    report = json.loads(done.stdout)
+    assert report["summary"]["unchecked_runs"] == len(created(examples)) - 1
+
+
+def test_fail_above_without_comparable_runs_says_nothing_was_checked(stored: str) -> None:
+    typo = drift("--db", stored, "--env", "no-such-env", "--fail-above", "0", "-f", "json")
+    assert typo.returncode == 0, typo.stderr  # --help: without a rate the check passes
+    assert "--fail-above checked nothing: no runs match the filters" in typo.stderr
+    # Runs that match but cannot be compared (summary traces only) say so too.
+    summary_only = drift("--db", stored, "--env", "banking", "--fail-above", "0", "-f", "json")
+    assert summary_only.returncode == 0, summary_only.stderr
+    runs = json.loads(summary_only.stdout)["summary"]["runs"]
+    assert runs > 0
+    assert f"none of the {runs} runs matching the filters is comparable" in summary_only.stderr

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import Example
 from tests.drift.helpers import clean_example, created
+from tests.unit.test_drift_compare import GenStep, obs, set_state, simple_rollout
 from tracestore.drift.rows import drift_rows, reproduction
 
 
@@ -107,3 +108,21 @@ def test_single_format_runs_are_not_dual(examples: list[Example]) -> None:
         check = drift_rows(doc).check
         assert (check["dual_serialized"], check["reproduces"]) == (False, None)
         assert check["usable_trace"] is usable
+
+
+def test_a_boolean_given_back_as_a_number_is_not_reproduced() -> None:
+    # The trace says 1 where the trajectory said true (obs), and true where it said 1
+    # (a tool call's argument): as JSON values neither comes back (QA session 18, #3).
+    doc = simple_rollout(
+        GenStep(obs(0), calls=[("a", {"x": 1})], trace_source="message"),
+        GenStep(obs(1), calls=[("a", {"confirm": True})], trace_source="message"),
+    )
+    steps = doc["trajectories"][0]["steps"]
+    steps[0]["obs"] = {"door_open": True}
+    set_state(doc, 0, {"door_open": 1})
+    steps[1]["tool_calls"] = [{"tool_name": "a", "arguments": {"confirm": 1}}]
+    result = reproduction(doc)
+    assert (result.dual_serialized, result.reproduces, result.gap) == (True, False, "obs")
+    assert result.detail == (
+        "obs first differs at position 0; steps differing per field: obs 1, tool_calls 1"
+    )

@@ -217,10 +217,11 @@ def test_empty_store_gives_no_rates(engine: Engine) -> None:
             session, start, start + timedelta(days=7), budget=0.001
         ).model_dump()
     assert (drift["runs"], drift["drift_rate"], drift["by_day"]) == (0, None, [])
-    assert [p["verdict"] for p in status["phases"]] == [
+    # Phase 3 reads the whole legacy_reads table, which live servers of other tests may
+    # write to: tests/drift/test_qa18.py checks it on a table it holds empty.
+    assert [p["verdict"] for p in status["phases"]][:2] == [
         "insufficient_data",
         "insufficient_data",
-        "ready",
     ]
 
 

@@ -998,3 +998,110 @@ def test_summarize_and_as_dict() -> None:
         "actual": "2.0",
         "message": "m",
     }
+
+
+# --------------------------------------------------------------------------- JSON values
+#
+# obs and tool-call arguments are compared as JSON values: Python's `True == 1` and
+# `1.0 == True` must not hide a boolean that the other side wrote as a number (QA session
+# 18, finding 3), while numbers still compare by value and key order does not matter.
+
+
+def set_state(doc: dict[str, Any], position: int, state: object) -> None:
+    """Give the environment event at `position` this system_state_before, in both lists."""
+    step_id = f"decision_{position}"
+    trace = doc["trace"]
+    for events in [ts["events"] for ts in trace["session_time_steps"]] + [trace["event_history"]]:
+        for event in events:
+            if "system_state_before" in event and event["metadata"].get("step_id") == step_id:
+                event["system_state_before"] = state
+
+
+def test_boolean_obs_against_number_state_is_obs_mismatch() -> None:
+    doc = simple_rollout(GenStep(obs(0)), GenStep(obs(1)), GenStep(obs(2)))
+    doc["trajectories"][0]["steps"][1]["obs"] = {"door_open": True, "hp": 1}
+    set_state(doc, 1, {"door_open": 1, "hp": True})
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"obs_mismatch": 1}
+    assert _located(result, "obs_mismatch") == [(0, 1, 1)]
+    finding = result.findings[0]
+    assert (finding.expected, finding.actual) == (
+        '{"door_open":true,"hp":1}',
+        '{"door_open":1,"hp":true}',
+    )
+
+
+def test_float_true_against_one_in_a_nested_list_is_obs_mismatch() -> None:
+    # 1.0 == True in Python too; and the difference sits deep in a list of lists.
+    doc = simple_rollout(GenStep(obs(0)), GenStep(obs(1)))
+    doc["trajectories"][0]["steps"][0]["obs"] = {"grid": [[0, 1.0], [2, 3]]}
+    set_state(doc, 0, {"grid": [[0, True], [2, 3]]})
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"obs_mismatch": 1}
+    assert _located(result, "obs_mismatch") == [(0, 0, 0)]
+
+
+def test_only_booleans_against_numbers_count_not_key_order_or_int_against_float() -> None:
+    # Step 0: same JSON value (other key order, 1 against 1.0, booleans on both sides);
+    # step 1: true against 1. Only step 1 drifts.
+    doc = simple_rollout(GenStep(obs(0)), GenStep(obs(1)))
+    steps = doc["trajectories"][0]["steps"]
+    steps[0]["obs"] = {"a": 1, "b": [1.0, True, {"c": False}]}
+    set_state(doc, 0, {"b": [1, True, {"c": False}], "a": 1.0})
+    steps[1]["obs"] = {"lit": True}
+    set_state(doc, 1, {"lit": 1})
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"obs_mismatch": 1}
+    assert _located(result, "obs_mismatch") == [(0, 1, 1)]
+
+
+def test_boolean_against_number_is_found_past_what_orjson_writes() -> None:
+    # An integer past 64 bits and nesting deeper than 254 levels: orjson cannot write
+    # either, so the comparison walks the values itself.
+    doc = simple_rollout(GenStep(obs(0)), GenStep(obs(1)))
+    steps = doc["trajectories"][0]["steps"]
+    steps[0]["obs"] = {"seed": 2**70, "flag": True}
+    set_state(doc, 0, {"seed": 2**70, "flag": 1})
+
+    def deep(leaf: object) -> object:
+        value: object = leaf
+        for _ in range(300):
+            value = [value]
+        return value
+
+    steps[1]["obs"] = {"deep": deep(False)}
+    set_state(doc, 1, {"deep": deep(0)})
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"obs_mismatch": 2}
+    assert _located(result, "obs_mismatch") == [(0, 0, 0), (0, 1, 1)]
+
+
+def test_boolean_argument_against_number_is_tool_calls_mismatch() -> None:
+    # The trace writes the arguments as JSON text holding `true`; the trajectory's own
+    # JSON text (another dialect) says 1.
+    doc = simple_rollout(
+        GenStep(obs(0), calls=[("a", {"x": 1})], trace_source="message"),
+        GenStep(obs(1), calls=[("a", {"x": 2, "confirm": True})], trace_source="message"),
+    )
+    doc["trajectories"][0]["steps"][1]["tool_calls"] = [
+        {"name": "a", "arguments_json": '{"x": 2.0, "confirm": 1}'}
+    ]
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"tool_calls_mismatch": 1}
+    assert _located(result, "tool_calls_mismatch") == [(0, 1, 1)]
+
+
+def test_terminated_as_one_is_still_done_while_obs_true_against_one_drifts() -> None:
+    # synth-ai's read-back writes `terminated` as 0/1 (SPEC §3): that tolerance stays;
+    # the same boolean-as-number in the observation is drift.
+    doc = simple_rollout(GenStep(obs(0)), GenStep(obs(1), done=True))
+    trace = doc["trace"]
+    for event in [e for ts in trace["session_time_steps"] for e in ts["events"]] + trace[
+        "event_history"
+    ]:
+        if "terminated" in event:
+            event["terminated"] = 1 if event["terminated"] else 0
+    doc["trajectories"][0]["steps"][1]["obs"] = {"done_flag": True}
+    set_state(doc, 1, {"done_flag": 1})
+    result = compare_rollout(doc)
+    assert summarize(result.findings) == {"obs_mismatch": 1}

@@ -15,6 +15,7 @@ from tracestore.cli.common import (
     console,
     err_console,
     fail,
+    note,
     open_store,
     output_file,
     reported_errors,
@@ -43,7 +44,10 @@ def parse_when(value: str | None, name: str = "time") -> datetime | None:
         raise typer.BadParameter(exc.message) from None
 
 
-def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_size: int) -> None:
+def _recompute(
+    engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_size: int
+) -> list[str]:
+    """Recompute with a progress bar and a summary line; the --run ids not in the store."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -78,6 +82,7 @@ def _recompute(engine: Any, runs: Any, stale: bool, run_ids: list[str], batch_si
         f"batches; {result.with_drift} with findings",
         highlight=False,
     )
+    return result.missing
 
 
 def drift(
@@ -106,7 +111,8 @@ def drift(
             max=1,
             metavar="RATE",
             help="Exit 1 when the drift rate (a fraction: 0.001 = 0.1%) is above RATE; for CI "
-            "gates. Without comparable runs there is no rate, and the check passes.",
+            "gates. Without comparable runs there is no rate, and the check passes (a note "
+            "on stderr says nothing was checked).",
         ),
     ] = None,
     since: Annotated[
@@ -166,7 +172,12 @@ def drift(
     ] = False,
     run: Annotated[
         list[str] | None,
-        typer.Option("--run", metavar="RUN_ID", help="With --recompute: only this run (repeat)."),
+        typer.Option(
+            "--run",
+            metavar="RUN_ID",
+            help="With --recompute: only this run (repeat). A run id not in the store is "
+            "named and the exit status is 2; the others are still recomputed.",
+        ),
     ] = None,
     batch_size: Annotated[
         int, typer.Option(min=1, help="With --recompute: runs per transaction.")
@@ -175,7 +186,7 @@ def drift(
     """The drift report: drift rate, findings by kind and day, worst runs, migration gates.
 
     Exit status: 0 success; 1 when --fail-above is given and the drift rate is above it;
-    2 usage or input error.
+    2 usage or input error (also a --run id that is not in the store).
     """
     from tracestore.db.uow import read_session
     from tracestore.drift.gates import report_data
@@ -189,6 +200,7 @@ def drift(
         fmt = Format.json
     start, end = parse_when(since, "--since"), parse_when(until, "--until")
     remote = server_url(db, url)
+    missing: list[str] = []
     if remote is not None:
         if recompute:
             fail("--recompute writes to the store: run it with --db, not --url")
@@ -204,7 +216,7 @@ def drift(
         with reported_errors():
             if recompute:
                 engine = open_store(db)
-                _recompute(
+                missing = _recompute(
                     engine,
                     RunFilter(env_id=env, policy_id=policy, since=start, until=end),
                     stale,
@@ -245,7 +257,20 @@ def drift(
     if output is not None:
         err_console.print(f"wrote {output}", highlight=False, markup=False)
 
+    if missing:
+        # After the report: the runs that exist were recomputed and are reported on.
+        fail(f"--run names no stored run: {', '.join(repr(r) for r in missing)}")
     rate = report.summary.drift_rate
+    if fail_above is not None and rate is None:
+        # The check passes (as --help says), but a CI log must show it checked nothing:
+        # a mistyped --env would otherwise pass forever.
+        matched = report.summary.runs
+        why = (
+            f"none of the {matched} runs matching the filters is comparable"
+            if matched
+            else "no runs match the filters"
+        )
+        note(f"--fail-above checked nothing: {why}, so there is no drift rate")
     if fail_above is not None and rate is not None and rate > fail_above:
         fail(f"drift rate {rate:.2%} is above {fail_above:.2%}", code=1)
 

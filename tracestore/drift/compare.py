@@ -22,6 +22,10 @@ Decisions where SPEC §6 is silent (each is asserted by tests/unit/test_drift_co
   `step.tool_calls` is no calls.
 - A tool-call message is any message of the time step whose `metadata.is_tool_call` is
   true, whatever its `message_type` (hand-built traces use their own types).
+- obs and tool calls are compared as JSON values (`same_json`): `true` is not `1` (Python's
+  `True == 1` would hide it), numbers compare by value (`1` equals `1.0`), key order does
+  not matter. Only `done` / `truncated` are read as truthiness (`bool(x)`, SPEC §6; synth-ai's
+  read-back writes `terminated` as 0/1, SPEC §3) and rewards as floats within a tolerance.
 - Items found only in the history list belong to the time step whose `step_id` equals their
   `metadata.step_id`; an environment event in no time step falls back to its own metadata.
 - Per-trajectory traces (`trajectories[i].trace`) are not compared; SPEC §6 names the
@@ -52,7 +56,9 @@ from tracestore.wire.trace import (
 )
 
 # Bump when a rule changes, so stored findings can be recomputed selectively.
-COMPARATOR_VERSION = 1
+# 2: obs and tool calls compared as JSON values (`true` is not `1`), in the comparison and
+# in the phase-1 reproduction check.
+COMPARATOR_VERSION = 2
 
 _KIND_REASONS: dict[str, NotComparableReason] = {
     "summary": "summary_trace",
@@ -192,6 +198,45 @@ def _same_number(a: float | None, b: float | None, tolerance: float) -> bool:
     return a == b or abs(a - b) <= tolerance
 
 
+def same_json(a: object, b: object) -> bool:
+    """Whether two parsed JSON values are equal as JSON: a boolean equals only a boolean."""
+    if a != b:  # the usual answer when they differ, at C speed
+        return False
+    # `==` holds, but it also holds for true == 1 and 1.0 == true (a bool is an int in
+    # Python): confirm. The same JSON text is the same value, which settles the common
+    # case (both sides written from one dict) without a walk in Python.
+    if a is b:
+        return True
+    try:
+        if orjson.dumps(a) == orjson.dumps(b):
+            return True
+    except TypeError:  # an int past 64 bits, nesting orjson does not write: walk it
+        pass
+    return _same_json_walk(a, b)
+
+
+def _same_json_walk(a: object, b: object) -> bool:
+    # Called once `a == b` holds, so only where a boolean meets a number can they differ;
+    # still a full comparison, iterative (documents nest up to 1,024 levels).
+    stack: list[tuple[object, object]] = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if isinstance(x, bool) or isinstance(y, bool):
+            if type(x) is not type(y) or x != y:
+                return False
+        elif isinstance(x, Mapping):
+            if not isinstance(y, Mapping) or x.keys() != y.keys():
+                return False
+            stack.extend((value, y[key]) for key, value in x.items())
+        elif isinstance(x, list | tuple):
+            if not isinstance(y, list | tuple) or len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif x != y:
+            return False
+    return True
+
+
 def _where(slot: _Slot) -> str:
     return f"trajectory {slot.trajectory_index} step {slot.step_index}"
 
@@ -233,7 +278,7 @@ def _compare_step(side: _TraceSide, position: int, slot: _Slot) -> list[Finding]
         )
     # What the policy saw: system_state_before, else the time step's observation message.
     seen = side.steps[position].observation()
-    if seen is not None and _get(step, "obs") != seen:
+    if seen is not None and not same_json(_get(step, "obs"), seen):
         what = (
             "obs differs from system_state_before"
             if event.get("system_state_before") is not None
@@ -244,7 +289,7 @@ def _compare_step(side: _TraceSide, position: int, slot: _Slot) -> list[Finding]
     if trace_calls is not None:
         expected = normalize_tool_calls(_get(step, "tool_calls"))
         actual = normalize_tool_calls(trace_calls)
-        if expected != actual:
+        if not same_json(expected, actual):
             add("tool_calls_mismatch", "tool calls differ", expected, actual)
     return out
 

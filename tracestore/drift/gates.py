@@ -194,6 +194,14 @@ def _phase3(session: Session, start: datetime, end: datetime) -> Phase:
         who = ", ".join(f"{r.client} ({r.route}: {r.reads})" for r in active[:5])
         reasons = [f"{reads} legacy reads in the window by {who}"]
         verdict: Verdict = "not_ready"
+    elif tracked is None:
+        # Not one read recorded, ever: "none in the window" is then no evidence that nobody
+        # reads legacy trajectories (nothing was attributed yet), so no verdict, as phases 1
+        # and 2 give none without data.
+        reasons = [
+            "no read of legacy trajectories was ever recorded: no data on who still reads them"
+        ]
+        verdict = "insufficient_data"
     else:
         reasons = ["no client read legacy trajectories in the window"]
         verdict = "ready"

@@ -185,7 +185,10 @@ class Phase3Figures(BaseModel):
     legacy_reads: int
     clients_reading: int
     unattributed_reads: int
-    tracked_since: date | None
+    tracked_since: date | None = Field(
+        description="The first day a legacy read was recorded; null when none ever was, and "
+        "then phase 3 has no verdict (insufficient_data)."
+    )
     readers: list[Reader]
 
 

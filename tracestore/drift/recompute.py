@@ -7,11 +7,12 @@ batch, and `stale_only` picks up where it stopped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from sqlalchemy import Engine, Select, func, or_, select
+from sqlalchemy.orm import Session
 
 from tracestore.convert import CONVERTER_VERSION
 from tracestore.db.uow import read_session, write_session
@@ -34,6 +35,8 @@ class RecomputeResult:
     recomputed: int = 0
     with_drift: int = 0
     batches: int = 0
+    # Run ids asked for (`run_ids`) that name no stored run, in the order given.
+    missing: list[str] = field(default_factory=list)
 
 
 def _stale() -> Any:
@@ -45,6 +48,20 @@ def _stale() -> Any:
         ),
     )
     return Run.id.not_in(check)
+
+
+# Run ids per look-up: well under every backend's limit on bound parameters.
+_LOOKUP_CHUNK = 500
+
+
+def _missing(session: Session, run_ids: Sequence[str]) -> list[str]:
+    # Stored at all, whatever the filters: a run the filters leave out is not missing.
+    wanted = list(dict.fromkeys(run_ids))
+    found: set[str] = set()
+    for at in range(0, len(wanted), _LOOKUP_CHUNK):
+        chunk = wanted[at : at + _LOOKUP_CHUNK]
+        found.update(session.scalars(select(Run.run_id).where(Run.run_id.in_(chunk))))
+    return [run_id for run_id in wanted if run_id not in found]
 
 
 def recompute(
@@ -60,7 +77,8 @@ def recompute(
     """Recompute the drift rows of the filtered runs, one transaction per batch.
 
     Batches go in run key order; each commits on its own, so an interrupted run loses at
-    most one batch and `stale_only` picks up where it stopped.
+    most one batch and `stale_only` picks up where it stopped. `run_ids` that name no
+    stored run are listed in the result's `missing`.
     """
     if batch_size < 1:
         raise InvalidRequest("batch size must be at least 1", batch_size=batch_size)
@@ -76,6 +94,7 @@ def recompute(
     result = RecomputeResult()
     with read_session(engine) as session:
         result.selected = session.execute(select_runs(select(func.count(Run.id)))).scalar_one()
+        result.missing = _missing(session, run_ids)
     if on_total is not None:
         on_total(result.selected)
     last = 0

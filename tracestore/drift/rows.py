@@ -16,7 +16,7 @@ from typing import Any
 from tracestore.convert import CONVERTER_VERSION
 from tracestore.convert.to_trajectories import core_steps
 from tracestore.correlation import Resolution
-from tracestore.drift.compare import REWARD_TOLERANCE, Comparison, compare_rollout
+from tracestore.drift.compare import REWARD_TOLERANCE, Comparison, compare_rollout, same_json
 from tracestore.jsontext import member as _get
 from tracestore.store.drift import DriftRows
 from tracestore.toolcalls import normalize_tool_calls
@@ -58,7 +58,8 @@ def _reward(value: object) -> float | None:
 
 def _differing_fields(stored: object, converted: object) -> list[str]:
     fields: list[str] = []
-    if _get(stored, "obs") != _get(converted, "obs"):
+    # As the comparison reads them: JSON values, where `true` does not come back as `1`.
+    if not same_json(_get(stored, "obs"), _get(converted, "obs")):
         fields.append("obs")
     a, b = _reward(_get(stored, "reward")), _reward(_get(converted, "reward"))
     if a is None or b is None or (a != b and abs(a - b) > REWARD_TOLERANCE):
@@ -68,7 +69,7 @@ def _differing_fields(stored: object, converted: object) -> list[str]:
     if bool(_get(stored, "truncated")) != bool(_get(converted, "truncated")):
         fields.append("truncated")
     stored_calls = normalize_tool_calls(_get(stored, "tool_calls"))
-    if stored_calls != normalize_tool_calls(_get(converted, "tool_calls")):
+    if not same_json(stored_calls, normalize_tool_calls(_get(converted, "tool_calls"))):
         fields.append("tool_calls")
     return fields
 

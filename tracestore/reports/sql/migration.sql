@@ -1,13 +1,15 @@
 -- description: Migration figures by day (SPEC section 7): trace coverage, phase-1 usable and reproducing traces, phase-2 drift rate, phase-3 legacy reads.
 -- requires: drift_checks, legacy_reads
 --
--- Formats: dual (trajectories and a received trace), legacy_only, trace_only;
--- trace_coverage = runs with a received trace / runs; legacy_share = runs that still
--- send trajectories / runs. Phase 1: usable_trace_share (a full or wrapped trace with an
--- environment event, over checked runs) and reproduce_share (dual runs whose trace alone
--- gives back their steps). Phase 2: drift_rate over comparable runs. Phase 3: reads of
--- legacy trajectories that day by clients (legacy_reads; not per env, so NULL with --env);
--- as in the gate, `anonymous` reads (a person looking at a run) are not counted.
+-- Formats: dual (dual-serialized: a trajectory step and a received trace, as the drift
+-- check found them; the gate's dual_serialized_runs), legacy_only (trajectories, no
+-- trace), trace_only (a trace, no trajectories); trace_coverage = runs with a received
+-- trace / runs; legacy_share = runs that still send trajectories / runs. Phase 1:
+-- usable_trace_share (a full or wrapped trace with an environment event, over checked
+-- runs) and reproduce_share (dual runs whose trace alone gives back their steps, over
+-- dual). Phase 2: drift_rate over comparable runs. Phase 3: reads of legacy trajectories
+-- that day by clients (legacy_reads; not per env, so NULL with --env); as in the gate,
+-- `anonymous` reads (a person looking at a run) are not counted.
 WITH scope AS (
     SELECT
         rf.day,
@@ -31,7 +33,9 @@ per_day AS (
     SELECT
         day,
         count(*) AS runs,
-        count(*) FILTER (WHERE has_trajectories AND has_trace) AS dual,
+        -- The denominator of reproduce_share, as GET /v1/migration/status counts it: a run
+        -- whose trajectories have no step is not dual, whatever it sent.
+        count(*) FILTER (WHERE dual_serialized) AS dual,
         count(*) FILTER (WHERE has_trajectories AND NOT has_trace) AS legacy_only,
         count(*) FILTER (WHERE NOT has_trajectories AND has_trace) AS trace_only,
         count(*) FILTER (WHERE has_trace) AS with_trace,
@@ -40,7 +44,6 @@ per_day AS (
         count(*) FILTER (WHERE trace_origin = 'converted') AS converted_traces,
         count(*) FILTER (WHERE checked) AS checked_runs,
         count(*) FILTER (WHERE usable_trace) AS usable_traces,
-        count(*) FILTER (WHERE dual_serialized) AS dual_serialized,
         count(*) FILTER (WHERE dual_serialized AND reproduces) AS reproducing,
         count(*) FILTER (WHERE comparable) AS comparable_runs,
         count(*) FILTER (WHERE comparable AND drifted) AS drifted_runs
@@ -67,7 +70,7 @@ SELECT
     round(p.with_trajectories / nullif(p.runs, 0), 6) AS legacy_share,
     coalesce(p.checked_runs, 0) AS checked_runs,
     round(p.usable_traces / nullif(p.checked_runs, 0), 6) AS usable_trace_share,
-    round(p.reproducing / nullif(p.dual_serialized, 0), 6) AS reproduce_share,
+    round(p.reproducing / nullif(p.dual, 0), 6) AS reproduce_share,
     coalesce(p.comparable_runs, 0) AS comparable_runs,
     round(p.drifted_runs / nullif(p.comparable_runs, 0), 6) AS drift_rate,
     CASE WHEN $env IS NULL THEN coalesce(r.legacy_reads, 0) END AS legacy_reads,
