@@ -269,6 +269,15 @@ def dual_two_envs() -> dict[str, Any]:
     return doc
 
 
+def stepless_trajectory_with_trace() -> dict[str, Any]:
+    """A trajectory without a step beside a full trace: both parts sent, yet not
+    dual-serialized (nothing of the trajectory to compare)."""
+    doc = dual_two_envs()
+    doc["run_id"] = "case-stepless-trajectory"
+    doc["trajectories"] = [{"env_id": "stepless", "policy_id": "pol-0", "steps": []}]
+    return doc
+
+
 def env_from_trace() -> dict[str, Any]:
     """Trajectory without env_id, summary trace naming the env; no cid at all."""
     return {
@@ -327,6 +336,7 @@ def all_cases() -> list[bytes]:
         trace_only_grid(),
         trace_only_tool_messages(),
         dual_two_envs(),
+        stepless_trajectory_with_trace(),
         env_from_trace(),
         env_from_trace_names(),
         env_id_no_id(),

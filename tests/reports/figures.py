@@ -421,8 +421,10 @@ def migration(
         has_trace = [r.doc.get("trace") is not None for r in members]
         kinds = [classify_trace(r.doc.get("trace")) for r in members]
         n = len(members)
-        dual = sum(1 for a, b in zip(has_traj, has_trace, strict=True) if a and b)
         dual_serialized = [c for c in checks if c["dual_serialized"]]
+        # Dual-serialized (a trajectory step and a trace), as the gate counts them: not
+        # every run that sent both parts.
+        dual = len(dual_serialized)
         comparable = [c for c in checks if c["comparable"]]
         day_reads = read_days.get(day, [])
         out[(day,)] = {
