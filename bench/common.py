@@ -165,6 +165,13 @@ def proc_stat(pid: int) -> tuple[str, float]:
     return text[text.index("(") + 1 : text.rindex(")")], seconds
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process `pid` (OSError once it is gone)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` (OSError once it is gone)."""
     return proc_stat(pid)[1]
