@@ -513,3 +513,26 @@ def test_show_of_an_empty_run_id_says_so_with_db_or_url(place: Path) -> None:
     # With --url the client's refusal of an empty run_id came out as an internal error.
     one_line_error(["show", "", "--db", _db(place / "store.db")], "no rollout with run_id ''")
     one_line_error(["show", "", "--url", "http://127.0.0.1:9"], "no rollout with run_id ''")
+
+
+def test_tracestore_database_url_wins_over_tracestore_url(
+    place: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The contract: verbs take --db, default TRACESTORE_DATABASE_URL. With TRACESTORE_URL
+    # exported beside it (a task-app host's client), ingest posted to that server and
+    # never touched the store named, saying "created"; show read the server.
+    store = tmp_path / "named.db"
+    monkeypatch.setenv("TRACESTORE_DATABASE_URL", _db(store))
+    monkeypatch.setenv("TRACESTORE_URL", "http://127.0.0.1:1")  # nothing listens there
+    done = CliRunner().invoke(app, ["ingest", str(place / "good.jsonl")])
+    assert done.exit_code == 0, done.stdout + done.stderr
+    assert "created" in done.stdout
+    assert store.exists()
+    run_id = orjson.loads((place / "good.jsonl").read_bytes().splitlines()[0])["run_id"]
+    shown = CliRunner().invoke(app, ["show", run_id, "--raw"])
+    assert shown.exit_code == 0, shown.stderr
+    assert orjson.loads(shown.stdout)["run_id"] == run_id
+    # --url still reads the server, whatever the environment says.
+    remote = CliRunner().invoke(app, ["show", run_id, "--url", "http://127.0.0.1:1"])
+    assert remote.exit_code == 2
+    assert "http://127.0.0.1:1" in remote.stderr

@@ -19,7 +19,7 @@ UrlOption = Annotated[
     typer.Option(
         "--url",
         help="Delete through a running server at this base URL instead of --db (default: "
-        "TRACESTORE_URL when --db is not given).",
+        "TRACESTORE_URL when neither --db nor TRACESTORE_DATABASE_URL names a store).",
         show_default=False,
     ),
 ]

@@ -1,8 +1,9 @@
 """Read verbs over the API: `--url` (or TRACESTORE_URL) instead of `--db`, and their tables.
 
 `show`, `cid`, `runs` and `drift` read either the database (`--db`, the default) or a
-running server (`--url URL`; TRACESTORE_URL when neither is given), through the Python
-client, so a person with only the server's address (and a key) reads what is stored.
+running server (`--url URL`; TRACESTORE_URL when neither --db nor TRACESTORE_DATABASE_URL
+is given), through the Python client, so a person with only the server's address (and a
+key) reads what is stored.
 Tables never cut an id: when the columns do not fit the terminal, each row becomes a
 block of `name value` lines (like psql's expanded display) that the terminal wraps.
 """
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
     from tracestore.client import TracestoreClient
 
 URL_ENV = "TRACESTORE_URL"
+DATABASE_ENV = "TRACESTORE_DATABASE_URL"
 
 ReadUrlOption = Annotated[
     str | None,
     typer.Option(
         "--url",
         help=f"Read from a running server at this base URL instead of --db (default: {URL_ENV} "
-        "when --db is not given).",
+        f"when neither --db nor {DATABASE_ENV} names a store).",
         show_default=False,
     ),
 ]
@@ -41,12 +43,14 @@ ReadKeyOption = Annotated[
 
 def server_url(db: str | None, url: str | None) -> str | None:
     """The server to read from, or None for the database: --url, else TRACESTORE_URL unless
-    --db was given. Both options at once is a usage error."""
+    --db or TRACESTORE_DATABASE_URL names a store. Both options at once is a usage error."""
     if url and db:
         fail("give --db or --url, not both")
     if url:
         return url
-    if db:
+    # The contract's default for --db is TRACESTORE_DATABASE_URL: a store named there is
+    # the one meant (a task-app host may export TRACESTORE_URL for its client as well).
+    if db or os.environ.get(DATABASE_ENV):
         return None
     return os.environ.get(URL_ENV) or None
 
