@@ -31,11 +31,21 @@ ROLES = (ROLE_WRITE, ROLE_ADMIN)
 
 
 class ApiClient(NamedTuple):
-    """A configured API key, the name its requests are counted under, and its role."""
+    """A configured API key, the name its requests are counted under, and its role.
+
+    `entry` is the configured text when it was read as `name:key[:role]`: accepted as the
+    key too, so an entry meant as one key holding a colon (the contract's "comma-separated
+    keys") is still that key.
+    """
 
     name: str
     key: str
     role: str = ROLE_WRITE
+    entry: str | None = None
+
+    def accepts(self) -> tuple[str, ...]:
+        """The texts a request may present for this key."""
+        return (self.key,) if self.entry is None else (self.key, self.entry)
 
 
 def parse_api_keys(entries: list[str]) -> list[ApiClient]:
@@ -49,9 +59,9 @@ def parse_api_keys(entries: list[str]) -> list[ApiClient]:
         if sep and CLIENT_NAME.fullmatch(name):
             rest, colon, role = key.rpartition(":")
             if colon and rest and role in ROLES:
-                clients.append(ApiClient(name, rest, role))
+                clients.append(ApiClient(name, rest, role, entry))
             else:
-                clients.append(ApiClient(name, key))
+                clients.append(ApiClient(name, key, entry=entry))
         else:
             clients.append(ApiClient(f"key-{number}", entry))
     return clients
@@ -91,8 +101,9 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description=(
-            "Comma-separated API keys, each `key` or `name:key`; when set, every /v1 route, "
-            "every HTML page and /metrics require one. Reads are counted per key name."
+            "Comma-separated API keys, each `key` or `name:key` (whose whole text is "
+            "accepted too); when set, every /v1 route, every HTML page and /metrics require "
+            "one. Reads are counted per key name."
         ),
     )
     metrics_public: bool = Field(
@@ -233,7 +244,12 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         # The variable is a plain comma-separated list, not JSON.
         if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
+            keys = [k.strip() for k in value.split(",") if k.strip()]
+            if value.strip() and not keys:
+                # Set, yet holding only separators (a templated secret that came out
+                # empty): read as no keys, the server was open without a word.
+                raise ValueError("it holds no key, only commas: give keys, or leave it empty")
+            return keys
         return value
 
     @field_validator("api_keys")
@@ -255,10 +271,14 @@ class Settings(BaseSettings):
                 )
             if client.name in RESERVED_CLIENTS:
                 raise ValueError(f"{client.name!r} is reserved: name the key otherwise")
-        for attr in ("name", "key"):
-            seen = [getattr(c, attr) for c in clients]
-            if len(set(seen)) != len(seen):
-                raise ValueError(f"two API keys have the same {attr}")
+        names = [c.name for c in clients]
+        if len(set(names)) != len(names):
+            raise ValueError("two API keys have the same name")
+        # Every text a request may present names one key: a key and another entry's
+        # whole text alike are refused.
+        accepted = [text for c in clients for text in set(c.accepts())]
+        if len(set(accepted)) != len(accepted):
+            raise ValueError("two API keys have the same key")
         return value
 
     def api_clients(self) -> list[ApiClient]:

@@ -80,7 +80,11 @@ def test_keys_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert identify("plainkey", clients) == "key-2"
     assert identify("k:with:colons", clients) == "eval.b"
-    assert identify("trainer-a:s3cret", clients) is None  # the whole entry is no key
+    # The whole entry is the key as well: the contract's keys are comma-separated text,
+    # and one holding a colon was refused (401) once named keys came.
+    assert identify("trainer-a:s3cret", clients) == "trainer-a"
+    assert identify("eval.b:k:with:colons", clients) == "eval.b"
+    assert identify("trainer-a", clients) is None
     assert identify("nope", clients) is None
 
 
@@ -92,6 +96,10 @@ def test_keys_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
         ("a:", "empty"),
         ("a:k1,b:k1", "same key"),
         ("a:k1,a:k2", "same name"),
+        # One entry's whole text is another's key: one presented text, two keys.
+        ("a:k1,b:a:k1", "same key"),
+        (" , ", "holds no key"),
+        (",", "holds no key"),
     ],
 )
 def test_bad_key_lists_are_refused(
@@ -108,6 +116,9 @@ def test_named_keys_authenticate(database: Database, engine: Engine) -> None:
         for key in ("named-secret", "bare-secret"):
             response = httpx.get(live.url + "/v1/rollouts", headers={"X-API-Key": key})
             assert response.status_code == 200
-        for wrong in ("ci:named-secret", "ci", "named"):
+        # The whole entry too: a key holding a colon, as the contract's keys may.
+        response = httpx.get(live.url + "/v1/rollouts", headers={"X-API-Key": "ci:named-secret"})
+        assert response.status_code == 200
+        for wrong in ("ci", "named", "ci:named", "named-secret:ci"):
             response = httpx.get(live.url + "/v1/rollouts", headers={"X-API-Key": wrong})
             assert response.status_code == 401

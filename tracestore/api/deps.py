@@ -119,8 +119,9 @@ def identify_client(presented: str, clients: Sequence[ApiClient]) -> ApiClient |
     found = None
     for client in clients:
         # Compare against all keys (no early exit): timing says nothing about which matched.
-        if hmac.compare_digest(given, client.key.encode()):
-            found = client
+        for text in client.accepts():
+            if hmac.compare_digest(given, text.encode()):
+                found = client
     return found
 
 
