@@ -272,6 +272,40 @@ def test_one_instant_in_another_datetime_form_is_a_duplicate(
     assert orjson.loads(_fetch(http, run_id))["trace"]["created_at"] == first
 
 
+@pytest.mark.parametrize(
+    ("where", "first", "again"),
+    [
+        # Text that looks like a datetime outside a datetime member is text: read as an
+        # instant, a changed observation or message was answered 200 duplicate and the
+        # change dropped (found by a QA pass over the contract).
+        ("obs", "2025-11-20T11:59:59.1234564Z", "2025-11-20T11:59:59.1234561Z"),
+        ("obs", "2025-11-20T11:59:59Z", "2025-11-20T12:59:59+01:00"),
+        ("message", REPR, "2025-11-20T11:59:59.123456Z"),
+    ],
+)
+def test_datetime_text_outside_a_datetime_member_is_compared_as_text(
+    http: httpx.Client, where: str, first: str, again: str
+) -> None:
+    run_id = "dt-text-" + hashlib.sha256(f"{where}|{first}|{again}".encode()).hexdigest()[:12]
+
+    def doc(value: str) -> dict[str, Any]:
+        if where == "obs":
+            out = minimal_rollout(run_id)
+            out["trajectories"][0]["steps"][0]["obs"] = {"clock": value}
+            return out
+        message = {"content": {"text": value, "json_payload": None}, "message_type": "user"}
+        trace = {
+            "session_id": run_id,
+            "created_at": None,
+            "markov_blanket_message_history": [message],
+        }
+        return minimal_rollout(run_id, trace=trace)
+
+    assert http.post("/v1/rollouts", content=orjson.dumps(doc(first))).status_code == 201
+    response = http.post("/v1/rollouts", content=orjson.dumps(doc(again)))
+    assert response.status_code == 409, response.text
+
+
 # --- stored parts served exactly -------------------------------------------------------------
 
 

@@ -198,10 +198,11 @@ def _answer_existing(conn: Connection, prepared: Prepared, run: Any) -> IngestRe
     parts = _differing_parts(stored, posted)
     if parts:
         # One instant written in another of its forms (an ISO string where the task app
-        # wrote a Python repr, SPEC §2) is the same rollout posted again.
+        # wrote a Python repr, SPEC §2), in a datetime member, is the same rollout posted
+        # again; anywhere else such text is compared as text.
         parts = _differing_parts(
-            {k: with_instants(stored[k]) for k in parts if k in stored},
-            {k: with_instants(posted[k]) for k in parts if k in posted},
+            {k: with_instants(stored[k], k) for k in parts if k in stored},
+            {k: with_instants(posted[k], k) for k in parts if k in posted},
         )
     if not parts:
         return duplicate  # the same JSON value, spelled differently

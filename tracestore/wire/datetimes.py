@@ -112,29 +112,44 @@ def as_instant(value: object) -> object:
     return value
 
 
-def with_instants(value: object) -> object:
-    """A parsed JSON value with every datetime string read as its Instant (for comparing)."""
+# The keys whose strings are datetimes (SPEC §2: `created_at`, `completed_at`, `started_at`,
+# `timestamp` in the producers' documents): only there is another form the same value.
+_TIME_KEYS = frozenset(("timestamp", "time", "date", "datetime"))
+_TIME_SUFFIXES = ("_at", "_time", "_timestamp", "_date", "_datetime")
 
-    # Iterative: documents nest up to 1,024 levels, past Python's recursion limit.
-    def convert(item: object) -> object:
+
+def names_a_time(key: object) -> bool:
+    """Whether a member named `key` holds a datetime (`created_at`, `timestamp`, ...)."""
+    return isinstance(key, str) and (key in _TIME_KEYS or key.endswith(_TIME_SUFFIXES))
+
+
+def with_instants(value: object, key: object = None) -> object:
+    """A parsed JSON value with every datetime string of a datetime member (`names_a_time`)
+    read as its Instant (for comparing); `key` names the member `value` is. A datetime-like
+    string elsewhere (an observation's text, a message) stays text: read as an instant, a
+    changed value passed for the same."""
+
+    # Iterative: documents nest up to 1,024 levels, past Python's recursion limit. A list
+    # takes the key of the member holding it.
+    def convert(item: object, key: object) -> object:
         if isinstance(item, dict):
             copy: dict[Any, object] = dict(item)
-            stack.append(copy)
+            stack.append((copy, key))
             return copy
         if isinstance(item, list):
             items = list(item)
-            stack.append(items)
+            stack.append((items, key))
             return items
-        return as_instant(item)
+        return as_instant(item) if names_a_time(key) else item
 
-    stack: list[dict[Any, object] | list[object]] = []
-    root = convert(value)
+    stack: list[tuple[dict[Any, object] | list[object], object]] = []
+    root = convert(value, key)
     while stack:
-        node = stack.pop()
+        node, held_by = stack.pop()
         if isinstance(node, dict):
             for key, child in node.items():
-                node[key] = convert(child)
+                node[key] = convert(child, key)
         else:
             for index, child in enumerate(node):
-                node[index] = convert(child)
+                node[index] = convert(child, held_by)
     return root
