@@ -200,3 +200,15 @@ def test_trace_kind_null_selects_the_runs_sent_without_a_trace(http: httpx.Clien
     assert [r["run_id"] for r in others] == ["summary-trace"]
     drift = http.get("/v1/drift", params={"trace_kind": "null"})
     assert drift.status_code == 200, drift.text
+
+
+def test_a_cid_holding_a_nul_is_found_by_its_own_text(http: httpx.Client) -> None:
+    # PostgreSQL's typed columns hold a NUL as U+2400: the look-up compared the rows with
+    # the cid as given and answered 404 for the cid the post had just returned.
+    doc = minimal_rollout("nul-cid", trace_correlation_id="c\u0000d")
+    posted = http.post("/v1/rollouts", json=doc)
+    assert posted.status_code == 201, posted.text
+    assert posted.json()["correlation_id"] == "c\u0000d"
+    found = http.get("/v1/correlations/c%00d")
+    assert found.status_code == 200, found.text
+    assert [r["run_id"] for r in found.json()["runs"]] == ["nul-cid"]

@@ -23,6 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from tracestore.correlation import lookup_forms
+from tracestore.db.types import pg_safe
 from tracestore.errors import InvalidRequest, NotFound
 from tracestore.models import Run, RunDocument, Trajectory
 from tracestore.models.drift import DriftFinding
@@ -361,8 +362,11 @@ def runs_by_correlation(session: Session, cid: str) -> tuple[str, list[dict[str,
     for r in rows:
         if r.part == 0:
             runs_of.setdefault(r.cid, []).append(r)
+    # On PostgreSQL the typed columns hold a NUL as U+2400 (db/types.py): a cid with a NUL
+    # comes back so, and was not found under its own text.
+    stored_form = pg_safe if session.get_bind().dialect.name == "postgresql" else str
     for form in forms:
-        runs = runs_of.get(form)
+        runs = runs_of.get(stored_form(form))
         if runs:
             # The other parts hold the runs of every form: keep this form's.
             pks = {r.id for r in runs}
