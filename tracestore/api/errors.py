@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -143,10 +143,42 @@ def allowed_methods(request: Request) -> str | None:
 DATABASE_RETRY_AFTER = 1
 
 
+def _schema_gone(exc: Exception) -> bool:
+    """Whether a database error says a table or column of the schema is not there."""
+    orig = getattr(exc, "orig", None)
+    if type(orig).__name__ in ("UndefinedTable", "UndefinedColumn"):  # psycopg's
+        return True
+    text = str(orig or exc)
+    return text.startswith(("no such table", "no such column"))  # SQLite's
+
+
+async def _schema_changed(request: Request, exc: Exception) -> JSONBody:
+    # The schema went away under a running server (`db downgrade`, a dropped table): not
+    # transient, and not the client's fault. /health says the same.
+    log.error("schema out of date on %s %s: %s", request.method, request.url.path, exc.args)
+    return JSONBody(
+        error_body(
+            "schema_out_of_date",
+            "the database's schema is not the one this server expects (downgraded or "
+            "dropped under it?): run 'tracestore db upgrade', then retry",
+        ),
+        status_code=503,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER)},
+    )
+
+
+async def _programming(request: Request, exc: Exception) -> JSONBody:
+    if _schema_gone(exc):
+        return await _schema_changed(request, exc)
+    return await _unexpected(request, exc)
+
+
 async def _database(request: Request, exc: Exception) -> JSONBody:
     # A lock held past the wait (SQLite's busy_timeout, PostgreSQL's lock_timeout), a
     # database restarting or unreachable: transient, and nothing of the request was
     # committed, so the client is told to retry (ingest is idempotent).
+    if _schema_gone(exc):
+        return await _schema_changed(request, exc)
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc.args)
     return JSONBody(
         error_body(
@@ -227,6 +259,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(OperationalError, _database)
+    app.add_exception_handler(ProgrammingError, _programming)
     app.add_exception_handler(DatabaseBusy, _busy)
     app.add_exception_handler(PoolTimeout, _busy)
     app.add_exception_handler(ParsingBusy, _parsing_busy)
