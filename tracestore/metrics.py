@@ -67,6 +67,12 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self.drift_read = Gauge(
+            "tracestore_drift_figures_read",
+            "1 when this scrape read the drift figures from the store, 0 when it could not "
+            "(the drift gauges then hold their last reading).",
+            registry=self.registry,
+        )
         # Labelled children by their label values: prometheus_client's labels() validates
         # and locks on every call, once per request here (a small post's profile showed it).
         self._request_children: dict[tuple[str, str, str], Any] = {}

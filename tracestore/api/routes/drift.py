@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from tracestore.api.deps import AppState, MetricsSessionDep, ReadSessionDep, StateDep
@@ -221,7 +222,9 @@ def drift_report(
         "`tracestore_legacy_reads_total{client,route}` (this process; `client` is a key's "
         "name, a bounded X-Tracestore-Client label, `other`, `unknown-key` or `anonymous`), "
         "and `tracestore_drift_findings{kind}`, `tracestore_drift_runs{state}` (the whole "
-        "store). Needs a key when keys are set, unless TRACESTORE_METRICS_PUBLIC=true."
+        "store; `tracestore_drift_figures_read` is 0 when the store could not be read at this "
+        "scrape, the gauges then holding their last reading). Needs a key when keys are set, "
+        "unless TRACESTORE_METRICS_PUBLIC=true."
     ),
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}, **error_responses(401)},
@@ -229,5 +232,14 @@ def drift_report(
 def get_metrics(state: StateDep, session: MetricsSessionDep) -> Response:
     """Expose the metrics."""
     metrics = state.observability.metrics
-    metrics.set_drift(*metric_figures(session))
+    try:
+        metrics.set_drift(*metric_figures(session))
+    except DBAPIError as exc:
+        # The store cannot be read (down, or its schema gone): this process's counters are
+        # still served, when they matter most; the drift gauges keep their last reading,
+        # flagged (a 503 lost the whole scrape).
+        log.warning("/metrics: the drift figures could not be read: %s", exc.args)
+        metrics.drift_read.set(0)
+    else:
+        metrics.drift_read.set(1)
     return Response(metrics.render(), media_type=CONTENT_TYPE)
