@@ -46,6 +46,14 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
 CASES: list[tuple[str, bytes, int, str, str]] = [
     ("invalid JSON", b'{"run_id": "x",', 400, "invalid_json", "not valid JSON"),
     ("NaN token", b'{"run_id": "x", "metrics": {"mean_return": NaN}}', 400, "invalid_json", "JSON"),
+    # Valid JSON no double holds: it was called "not valid JSON".
+    (
+        "a number past a double",
+        b'{"run_id": "x", "x": 1e400}',
+        400,
+        "invalid_json",
+        "past a double",
+    ),
     ("array where an object belongs", b"[1, 2]", 422, "invalid_rollout", "JSON object"),
     ("missing run_id", orjson.dumps(_without("run_id")), 422, "invalid_rollout", "run_id"),
     ("missing metrics", orjson.dumps(_without("metrics")), 422, "invalid_rollout", "metrics"),

@@ -23,6 +23,13 @@ def parse_json(raw: bytes | str) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "infinity when parsed as double" in str(exc):
+            # Valid JSON (RFC 8259 sets no range), but no double holds it: refused as
+            # Infinity is, not called invalid.
+            raise InvalidJSON(
+                f"the body holds a number past a double's range (such as 1e400), refused as "
+                f"NaN and Infinity are: {exc}"
+            ) from None
         raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
     text = raw.encode() if isinstance(raw, str) else raw
     # The quick count says whether to look; the slow look says which key, and where.
