@@ -1,21 +1,29 @@
-"""Prometheus metrics of one API process: ingest outcomes, request latencies, drift figures.
+"""Prometheus metrics of the API: ingest outcomes, request latencies, drift figures.
 
 Each app gets its own registry (tests build many apps in one process; the global registry
-would refuse the second). Counters and histograms are per process: with `--workers N`,
-each worker serves its own numbers, labelled the same; the drift gauges are read from the
-database at scrape time, so every worker reports the whole store.
+would refuse the second). `tracestore serve --workers N` (N > 1) runs prometheus_client's
+multiprocess mode (api/server.py names a directory in MULTIPROC_ENV before the workers
+start): each worker's counters and histograms are kept in files there, and a scrape, which
+one worker answers, sums every worker's (without it a scrape saw the answering worker's
+numbers only, and counters went down from one scrape to the next). The drift gauges are
+read from the database at scrape time: the most recent reading is the one served.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tracestore.vocabulary import DRIFT_KINDS
 
-__all__ = ["CONTENT_TYPE", "INGEST_STATUSES", "Metrics"]
+__all__ = ["CONTENT_TYPE", "INGEST_STATUSES", "MULTIPROC_ENV", "Metrics"]
+
+# prometheus_client's variable: set before it is imported, its values live in files there.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 INGEST_STATUSES = ("created", "duplicate", "conflict", "invalid")
 # Request latencies from sub-millisecond reads to multi-second batch ingests.
@@ -29,6 +37,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # Read once: prometheus_client chose how it keeps values when it was imported.
+        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         self.ingested = Counter(
             "tracestore_ingest_rollouts",
             "Rollouts posted to the API, by outcome (created, duplicate, conflict, invalid).",
@@ -60,18 +70,21 @@ class Metrics:
             "Stored drift findings, by kind (read from the database at scrape time).",
             ["kind"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.runs = Gauge(
             "tracestore_drift_runs",
             "Checked runs: comparable, comparable with drift, not comparable, unchecked.",
             ["state"],
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.drift_read = Gauge(
             "tracestore_drift_figures_read",
             "1 when this scrape read the drift figures from the store, 0 when it could not "
             "(the drift gauges then hold their last reading).",
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         # Labelled children by their label values: prometheus_client's labels() validates
         # and locks on every call, once per request here (a small post's profile showed it).
@@ -108,5 +121,10 @@ class Metrics:
             self.runs.labels(state=state).set(n)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric (every worker's, summed, in
+        multiprocess mode)."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
+        return generate_latest(registry)

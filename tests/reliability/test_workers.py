@@ -107,3 +107,39 @@ def test_a_second_server_on_the_same_address_is_refused(
     # The running server still answers, alone on its address.
     response = httpx.get(f"{server.url}/health", timeout=30)
     assert response.status_code == 200
+
+
+def _created(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith('tracestore_ingest_rollouts_total{status="created"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_sum_every_worker(tmp_path: Path) -> None:
+    # A scrape is answered by one worker: it served its own counters only, so successive
+    # scrapes read 14, 5, 14 (a reset to Prometheus each time) and no scrape the total.
+    with ServerProcess(f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "log", workers=2) as s:
+        test_each_worker_listens_on_a_socket_of_its_own(s)
+        environ = Path(f"/proc/{child_pids(s.pid)[0]}/environ").read_bytes().split(b"\0")
+        folder = next(
+            (
+                Path(v.split(b"=", 1)[1].decode())
+                for v in environ
+                if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+            ),
+            None,
+        )
+        # New connections, together: spread over both workers.
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            for i in range(30):
+                posted = client.post(s.url + "/v1/rollouts", json=minimal_rollout(f"m-{i}"))
+                assert posted.status_code == 201
+            seen = []
+            for _ in range(12):
+                scrape = client.get(s.url + "/metrics")
+                seen.append(_created(scrape.text))
+            assert seen == [30.0] * 12, seen
+        assert folder is not None
+        assert folder.is_dir()
+    assert not folder.exists()  # the server's own, gone with it

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from typing import Any, cast
 
@@ -38,6 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 from uvicorn.supervisors import Multiprocess
 
+from tracestore.metrics import MULTIPROC_ENV
 from tracestore.orphans import when_orphaned
 from tracestore.settings import Settings
 
@@ -379,8 +382,9 @@ def run_server(
     }
     if workers == 1:
         # No supervisor: the app runs in this process (an inherited value would name
-        # another process's supervisor).
+        # another process's supervisor). One process needs no shared metrics files.
         os.environ.pop(SUPERVISOR_ENV, None)
+        os.environ.pop(MULTIPROC_ENV, None)
         uvicorn.run(app or APP, **options)
         return
     config = Config(app or APP, **options)
@@ -390,12 +394,18 @@ def run_server(
         sock = reserve_address(host, port)
     except OSError as exc:
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    # /metrics sums every worker's counters from files here (tracestore/metrics.py); a new
+    # directory each time, so a restarted server does not count its last run's requests.
+    metrics_dir = tempfile.mkdtemp(prefix="tracestore-metrics-")
+    os.environ[MULTIPROC_ENV] = metrics_dir
     try:
         Multiprocess(config, sockets=[sock]).run()
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 APP = "tracestore.api.server:served_app"
