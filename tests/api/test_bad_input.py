@@ -161,12 +161,27 @@ def test_wrong_content_type_is_415(http: httpx.Client, engine: Engine) -> None:
 
 
 def test_unknown_content_encoding_is_415(http: httpx.Client, engine: Engine) -> None:
-    response = http.post(
-        "/v1/rollouts",
-        content=orjson.dumps(_valid()),
-        headers={"Content-Type": "application/json", "Content-Encoding": "br"},
-    )
-    assert response.status_code == 415
+    for encoding in ("br", "gzip, br", "gzip, gzip"):
+        response = http.post(
+            "/v1/rollouts",
+            content=orjson.dumps(_valid()),
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        assert response.status_code == 415, encoding
+
+
+def test_identity_beside_gzip_is_gzip(http: httpx.Client) -> None:
+    # A list of codings in the order applied: identity is none, so this body is gzip's.
+    # It was refused 415, naming the whole header as one unknown coding.
+    doc = dict(_valid(), run_id="identity-gzip")
+    for n, encoding in enumerate(("identity, gzip", "gzip, identity", "GZIP ,")):
+        body = dict(doc, run_id=f"identity-gzip-{n}")
+        response = http.post(
+            "/v1/rollouts",
+            content=gzip.compress(orjson.dumps(body)),
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        assert response.status_code == 201, (encoding, response.text)
 
 
 # A body that cannot be decoded is malformed, like one that is not JSON: 400 `invalid_json`

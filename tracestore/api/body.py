@@ -200,10 +200,18 @@ def _encoding(request: Request, limit: int) -> str:
     encoding other than gzip, 413 for a declared length past `limit`."""
     head = first_headers(request.scope, _BODY_HEAD)
     raw = head.get(b"content-encoding")
-    encoding = "identity" if raw is None else raw.decode("latin-1").strip().lower()
-    if encoding not in ("identity", "gzip", "x-gzip", ""):
+    text = "" if raw is None else raw.decode("latin-1")
+    # A list of codings in the order applied (RFC 9110); identity is no coding at all, so
+    # `identity, gzip` is gzip. One gzip is what is read.
+    codings = [c for c in (part.strip().lower() for part in text.split(",")) if c]
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        encoding = "identity"
+    elif len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
+        encoding = codings[0]
+    else:
         raise UnsupportedMediaType(
-            f"Content-Encoding {encoding!r} is not supported (use gzip or none)"
+            f"Content-Encoding {text.strip()!r} is not supported (use gzip or none)"
         )
     declared = head.get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit:
