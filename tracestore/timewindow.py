@@ -55,10 +55,18 @@ def parse_when(text: str, *, name: str = "time", now: datetime | None = None) ->
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
+        hint = ""
+        if _PLUS_AS_SPACE.search(text):
+            # An unescaped '+' in a URL's query arrives as a space.
+            hint = " (a '+' in a URL's query string is read as a space: write it %2B)"
         raise InvalidRequest(
-            f"{name}: cannot read {text!r}: use {WHEN_HELP}", **{name: text}
+            f"{name}: cannot read {text!r}{hint}: use {WHEN_HELP}", **{name: text}
         ) from None
     return as_utc(value)
+
+
+# An offset whose '+' became a space: `2025-11-20T00:00:00 05:00`.
+_PLUS_AS_SPACE = re.compile(r"\d \d{2}(?::?\d{2})?$")
 
 
 def parse_optional(text: str | None, *, name: str, now: datetime | None = None) -> datetime | None:

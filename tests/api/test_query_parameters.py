@@ -212,3 +212,14 @@ def test_a_cid_holding_a_nul_is_found_by_its_own_text(http: httpx.Client) -> Non
     found = http.get("/v1/correlations/c%00d")
     assert found.status_code == 200, found.text
     assert [r["run_id"] for r in found.json()["runs"]] == ["nul-cid"]
+
+
+def test_an_offset_whose_plus_became_a_space_says_to_escape_it(http: httpx.Client) -> None:
+    # `?since=2025-11-20T00:00:00+05:00` unescaped: the '+' arrives as a space, and the
+    # refusal quoted the space without saying why.
+    response = http.get("/v1/rollouts?since=2025-11-20T00:00:00+05:00")
+    assert response.status_code == 422
+    message = response.json()["error"]["message"]
+    assert "%2B" in message, message
+    escaped = http.get("/v1/rollouts?since=2025-11-20T00:00:00%2B05:00")
+    assert escaped.status_code == 200, escaped.text
