@@ -46,6 +46,15 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
 CASES: list[tuple[str, bytes, int, str, str]] = [
     ("invalid JSON", b'{"run_id": "x",', 400, "invalid_json", "not valid JSON"),
     ("NaN token", b'{"run_id": "x", "metrics": {"mean_return": NaN}}', 400, "invalid_json", "JSON"),
+    # A full trace's list that is not one was read as no items: stored as a full trace
+    # with nothing in it.
+    (
+        "a full trace's list that is not a list",
+        orjson.dumps(dict(_valid(), trace={"session_time_steps": [], "event_history": 5})),
+        422,
+        "invalid_rollout",
+        "trace.event_history",
+    ),
     # Valid JSON no double holds: it was called "not valid JSON".
     (
         "a number past a double",

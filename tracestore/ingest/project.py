@@ -233,6 +233,10 @@ def _message_row(placed: Placed, position: int, t: _Typer, path: object) -> dict
     }
 
 
+_SESSION_LISTS = ("session_time_steps", "event_history", "markov_blanket_message_history")
+_STEP_LISTS = ("events", "markov_blanket_messages")
+
+
 def project_trace(
     trace: Mapping[str, Any], trajectory_idx: int | None, t: _Typer, path: str
 ) -> TraceRows:
@@ -261,11 +265,21 @@ def project_trace(
     )
     if view is None:
         return rows
+    # The view reads a list that is not one as no items: a full trace of `"event_history":
+    # 5` was stored as full, with nothing in it, and served as the producer's.
+    for key in _SESSION_LISTS:
+        value = session.get(key)
+        if value is not None and type(value) is not list:
+            t.fail(f"{sess_path}.{key}", "an array or null", value)
     for s, step in enumerate(view.time_steps):
         sp = _StepWhere(sess_path, s)
         if not _mapping(step):
             t.fail(sp, "an object", step)
             continue
+        for key in _STEP_LISTS:
+            value = step.get(key)
+            if value is not None and type(value) is not list:
+                t.fail(sp, "an array or null", value, f".{key}")
         rows.time_steps.append(
             {
                 "position": s,
