@@ -33,25 +33,22 @@ ROLES = (ROLE_WRITE, ROLE_ADMIN)
 class ApiClient(NamedTuple):
     """A configured API key, the name its requests are counted under, and its role.
 
-    `entry` is the configured text when it was read as `name:key[:role]`: accepted as the
-    key too, so an entry meant as one key holding a colon (the contract's "comma-separated
-    keys") is still that key.
+    `whole`: the whole text of an entry read as `name:key[:role]`, kept as a key of its
+    own (see parse_api_keys).
     """
 
     name: str
     key: str
     role: str = ROLE_WRITE
-    entry: str | None = None
-
-    def accepts(self) -> tuple[str, ...]:
-        """The texts a request may present for this key."""
-        return (self.key,) if self.entry is None else (self.key, self.entry)
+    whole: bool = False
 
 
 def parse_api_keys(entries: list[str]) -> list[ApiClient]:
     """`name:key` entries keep their name; a bare `key` is named by its place, key-1 ...
 
-    `name:key:role` gives the key a role (ROLES); without one it is `write`.
+    `name:key:role` gives the key a role (ROLES); without one it is `write`. The whole text
+    of such an entry is a key too, as a bare key is (named by its place, role `write`):
+    the contract's keys are comma-separated text, and one holding a colon was refused.
     """
     clients = []
     for number, entry in enumerate(entries, start=1):
@@ -59,9 +56,12 @@ def parse_api_keys(entries: list[str]) -> list[ApiClient]:
         if sep and CLIENT_NAME.fullmatch(name):
             rest, colon, role = key.rpartition(":")
             if colon and rest and role in ROLES:
-                clients.append(ApiClient(name, rest, role, entry))
+                clients.append(ApiClient(name, rest, role))
             else:
-                clients.append(ApiClient(name, key, entry=entry))
+                clients.append(ApiClient(name, key))
+            # Never more than `write`, nor counted under the name: read as one opaque key,
+            # the "name" would be part of the secret, and its ":admin" not a grant.
+            clients.append(ApiClient(f"key-{number}", entry, whole=True))
         else:
             clients.append(ApiClient(f"key-{number}", entry))
     return clients
@@ -257,6 +257,8 @@ class Settings(BaseSettings):
     def _check_keys(cls, value: list[str]) -> list[str]:
         clients = parse_api_keys(value)
         for client in clients:
+            if client.whole:
+                continue  # checked as the named key it was read as
             if not client.key:
                 raise ValueError(f"the key named {client.name!r} is empty")
             # A key may hold colons, so `name:key:Admin` read as the key `key:Admin` with
@@ -274,10 +276,8 @@ class Settings(BaseSettings):
         names = [c.name for c in clients]
         if len(set(names)) != len(names):
             raise ValueError("two API keys have the same name")
-        # Every text a request may present names one key: a key and another entry's
-        # whole text alike are refused.
-        accepted = [text for c in clients for text in set(c.accepts())]
-        if len(set(accepted)) != len(accepted):
+        keys = [c.key for c in clients]
+        if len(set(keys)) != len(keys):
             raise ValueError("two API keys have the same key")
         return value
 

@@ -73,17 +73,18 @@ def test_keys_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
     # `name:key` names a key; a bare key keeps working, named by its place in the list.
     monkeypatch.setenv("TRACESTORE_API_KEYS", "trainer-a:s3cret, plainkey ,eval.b:k:with:colons")
     clients = Settings().api_clients()
-    assert [(c.name, c.key) for c in clients] == [
+    assert [(c.name, c.key) for c in clients if not c.whole] == [
         ("trainer-a", "s3cret"),
         ("key-2", "plainkey"),
         ("eval.b", "k:with:colons"),
     ]
     assert identify("plainkey", clients) == "key-2"
     assert identify("k:with:colons", clients) == "eval.b"
-    # The whole entry is the key as well: the contract's keys are comma-separated text,
-    # and one holding a colon was refused (401) once named keys came.
-    assert identify("trainer-a:s3cret", clients) == "trainer-a"
-    assert identify("eval.b:k:with:colons", clients) == "eval.b"
+    # The whole entry is a key as well, as a bare key is (named by its place): the
+    # contract's keys are comma-separated text, and one holding a colon was refused (401)
+    # once named keys came.
+    assert identify("trainer-a:s3cret", clients) == "key-1"
+    assert identify("eval.b:k:with:colons", clients) == "key-3"
     assert identify("trainer-a", clients) is None
     assert identify("nope", clients) is None
 
@@ -98,6 +99,8 @@ def test_keys_may_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
         ("a:k1,a:k2", "same name"),
         # One entry's whole text is another's key: one presented text, two keys.
         ("a:k1,b:a:k1", "same key"),
+        # A name that is another entry's place: its whole text's name.
+        ("key-2:k1,b:k2", "same name"),
         (" , ", "holds no key"),
         (",", "holds no key"),
     ],

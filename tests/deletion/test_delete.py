@@ -198,6 +198,9 @@ def test_deleting_needs_the_admin_role(
     assert "reading the deletion audit needs a key" in audit.json()["error"]["message"]
     assert rows_of_run(engine, DRIFTING)["runs"] == 1
 
+    # The admin entry's whole text is a key, but a write key (its ":admin" no grant).
+    whole = keyed.delete(path, headers={"X-API-Key": ADMIN})
+    assert whole.status_code == 403, whole.text
     done = keyed.delete(path, headers={"Authorization": "Bearer admin-key"})
     assert done.status_code == 204
     (row,) = _audit(engine)
@@ -209,13 +212,22 @@ def test_deleting_needs_the_admin_role(
 
 def test_roles_are_read_from_the_key_list() -> None:
     clients = Settings(api_keys=["a:k1:admin", "b:k2", "k3", "c:k:with:colons", "d:x:write"])
-    got = [(c.name, c.key, c.role) for c in clients.api_clients()]
+    got = [(c.name, c.key, c.role) for c in clients.api_clients() if not c.whole]
     assert got == [
         ("a", "k1", "admin"),
         ("b", "k2", "write"),
         ("key-3", "k3", "write"),
         ("c", "k:with:colons", "write"),
         ("d", "x", "write"),
+    ]
+    # Each named entry's whole text is a key too, never more than write, named by its
+    # place: read as one opaque key, its ":admin" is no grant.
+    whole = [(c.name, c.key, c.role) for c in clients.api_clients() if c.whole]
+    assert whole == [
+        ("key-1", "a:k1:admin", "write"),
+        ("key-2", "b:k2", "write"),
+        ("key-4", "c:k:with:colons", "write"),
+        ("key-5", "d:x:write", "write"),
     ]
 
 
