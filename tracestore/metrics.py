@@ -11,11 +11,10 @@ read from the database at scrape time: the most recent reading is the one served
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tracestore.vocabulary import DRIFT_KINDS
@@ -37,8 +36,9 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        # Read once: prometheus_client chose how it keeps values when it was imported.
-        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        # As prometheus_client chose when it was imported (its variable read then): values
+        # in this process's memory, or in the shared files.
+        self.multiprocess = values.ValueClass is not values.MutexValue
         self.ingested = Counter(
             "tracestore_ingest_rollouts",
             "Rollouts posted to the API, by outcome (created, duplicate, conflict, invalid).",

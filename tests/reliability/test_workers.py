@@ -142,4 +142,7 @@ def test_metrics_sum_every_worker(tmp_path: Path) -> None:
             assert seen == [30.0] * 12, seen
         assert folder is not None
         assert folder.is_dir()
+        # Both workers counted (else the sums above prove nothing): a file of each.
+        writers = {p.stem.rsplit("_", 1)[1] for p in folder.glob("counter_*.db")}
+        assert len(writers) == 2, sorted(folder.iterdir())
     assert not folder.exists()  # the server's own, gone with it

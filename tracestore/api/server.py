@@ -382,9 +382,9 @@ def run_server(
     }
     if workers == 1:
         # No supervisor: the app runs in this process (an inherited value would name
-        # another process's supervisor). One process needs no shared metrics files.
+        # another process's supervisor). A PROMETHEUS_MULTIPROC_DIR of the user's is left
+        # alone: prometheus_client read it at import and reads it again for each metric.
         os.environ.pop(SUPERVISOR_ENV, None)
-        os.environ.pop(MULTIPROC_ENV, None)
         uvicorn.run(app or APP, **options)
         return
     config = Config(app or APP, **options)
@@ -396,6 +396,8 @@ def run_server(
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     # /metrics sums every worker's counters from files here (tracestore/metrics.py); a new
     # directory each time, so a restarted server does not count its last run's requests.
+    # (A SIGKILL of this process leaves it behind in the temporary directory.)
+    previous = os.environ.get(MULTIPROC_ENV)
     metrics_dir = tempfile.mkdtemp(prefix="tracestore-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
     try:
@@ -404,7 +406,10 @@ def run_server(
         pass
     finally:
         sock.close()
-        os.environ.pop(MULTIPROC_ENV, None)
+        if previous is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = previous
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
