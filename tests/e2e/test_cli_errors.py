@@ -527,6 +527,7 @@ def test_tracestore_database_url_wins_over_tracestore_url(
     done = CliRunner().invoke(app, ["ingest", str(place / "good.jsonl")])
     assert done.exit_code == 0, done.stdout + done.stderr
     assert "created" in done.stdout
+    assert "TRACESTORE_URL is not used" in done.stderr
     assert store.exists()
     run_id = orjson.loads((place / "good.jsonl").read_bytes().splitlines()[0])["run_id"]
     shown = CliRunner().invoke(app, ["show", run_id, "--raw"])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tracestore.cli.common import console, fail
+from tracestore.cli.common import console, err_console, fail
 
 if TYPE_CHECKING:
     from tracestore.client import TracestoreClient
@@ -50,7 +50,17 @@ def server_url(db: str | None, url: str | None) -> str | None:
         return url
     # The contract's default for --db is TRACESTORE_DATABASE_URL: a store named there is
     # the one meant (a task-app host may export TRACESTORE_URL for its client as well).
-    if db or os.environ.get(DATABASE_ENV):
+    if db:
+        return None
+    if os.environ.get(DATABASE_ENV):
+        if os.environ.get(URL_ENV):
+            # Said, so a user who meant the server sees why the store answered.
+            err_console.print(
+                f"note: {DATABASE_ENV} names the store, so {URL_ENV} is not used (give "
+                "--url to go through the server)",
+                highlight=False,
+                markup=False,
+            )
         return None
     return os.environ.get(URL_ENV) or None
 

@@ -210,6 +210,12 @@ def same_json(a: object, b: object) -> bool:
     try:
         if orjson.dumps(a) == orjson.dumps(b):
             return True
+        # Keys sorted: the same object written in another key order (equal by `==`)
+        # takes no walk (~40x slower on a large observation).
+        if orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+            b, option=orjson.OPT_SORT_KEYS
+        ):
+            return True
     except TypeError:  # an int past 64 bits, nesting orjson does not write: walk it
         pass
     return _same_json_walk(a, b)
