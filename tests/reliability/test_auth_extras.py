@@ -147,7 +147,8 @@ def test_the_key_check_compares_every_key_in_constant_time(
     calls.clear()
     named = Settings(api_keys=["a:k1", "k2", "c:k3"]).api_clients()
     assert deps.identify("k1", named) == "a"
-    assert [b for _, b in calls] == [b"k1", b"k2", b"k3"]
+    # Every configured key, the named entries' whole texts among them.
+    assert [b for _, b in calls] == [b"k1", b"a:k1", b"k2", b"k3", b"c:k3"]
 
 
 class _Stream:
