@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.lake.conftest import (
+    EXPORT_WHILE_RUNS_CHANGE,
     RUN_TABLES,
     LakeStore,
     check_lake_once,
@@ -151,39 +152,6 @@ def test_deleting_the_newest_run_keeps_incremental_exports_going(
     assert check_lake_once(lake, lake_store) == {"old", "next"}
 
 
-# The export of the test below, as the analytics child runs it (reports/live.py
-# `_export`), in a process of its own: DuckDB may not attach a live SQLite store in the
-# test's process. Once `runs` is staged, another process deletes a run (`tracestore
-# delete`), committed before the staging goes on.
-_EXPORT_WITH_A_DELETE = """
-import subprocess, sys
-from pathlib import Path
-from sqlalchemy.pool import NullPool
-from tracestore.db.engine import create_engine
-from tracestore.reports import connection, export
-from tracestore.reports.filters import Filters
-from tracestore.reports.watermark import Cut
-
-url, lake, tracestore, store_id, kind, upto, run_id = sys.argv[1:]
-connection.allow_sqlite_attach()
-staged = export._stage_table
-calls = []
-
-def stage_then_delete(analytics, staging, name, *args):
-    out = staged(analytics, staging, name, *args)
-    calls.append(name)
-    if name == "runs":
-        subprocess.run([tracestore, "delete", run_id, "--db", url], check=True)
-    return out
-
-export._stage_table = stage_then_delete
-engine = create_engine(url, poolclass=NullPool)
-cut = Cut(store_id, kind, int(upto))
-export.export_snapshot(engine, Path(lake), Filters(), cut, fmt="delta", incremental=True)
-print(" ".join(calls))
-"""
-
-
 def test_a_run_deleted_while_an_export_stages_it_never_reaches_the_lake(
     lake_store: LakeStore, tmp_path: Path
 ) -> None:
@@ -198,9 +166,11 @@ def test_a_run_deleted_while_an_export_stages_it_never_reaches_the_lake(
     settled(lake_store.engine)
     cut = take_cut(lake_store.engine)
     tracestore = str(Path(sys.executable).parent / "tracestore")
-    args = [lake_store.url, str(lake), tracestore, cut.store_id, cut.kind, str(cut.upto)]
+    # Once `runs` is staged, another process deletes "doomed" (and stores nothing).
+    args = [lake_store.url, str(lake), "delta", "yes", tracestore, cut.store_id, cut.kind]
+    args += [str(cut.upto), "runs", "doomed", ""]
     done = subprocess.run(
-        [sys.executable, "-c", _EXPORT_WITH_A_DELETE, *args, "doomed"],
+        [sys.executable, "-c", EXPORT_WHILE_RUNS_CHANGE, *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -91,12 +91,17 @@ def test_usage_errors_exit_2(stored: str, args: list[str]) -> None:
     assert done.stderr.strip()
 
 
-def test_recompute_checks_runs_stored_before_drift(
-    engine: Engine, stored: str, examples: list[Example]
-) -> None:
+def _forget_drift(engine: Engine) -> None:
+    """Every stored check and finding gone, as in a store from before drift."""
     with write_session(engine) as session:
         session.execute(delete(DriftFinding))
         session.execute(delete(DriftCheck))
+
+
+def test_recompute_checks_runs_stored_before_drift(
+    engine: Engine, stored: str, examples: list[Example]
+) -> None:
+    _forget_drift(engine)
     before = json.loads(drift("--db", stored, "-f", "json").stdout)
     assert before["summary"]["unchecked_runs"] == len(created(examples))
     assert before["status"]["notes"]  # says to recompute
@@ -115,9 +120,7 @@ def test_recompute_checks_runs_stored_before_drift(
 def test_recompute_names_run_ids_not_in_the_store_and_exits_2(
     engine: Engine, stored: str, examples: list[Example]
 ) -> None:
-    with write_session(engine) as session:
-        session.execute(delete(DriftFinding))
-        session.execute(delete(DriftCheck))
+    _forget_drift(engine)
     known = created(examples)[0].label["run_id"]
     done = drift(
         "--db", stored, "-f", "json", "--recompute", "--run", "no-such-run", "--run", known

@@ -268,3 +268,52 @@ def export_until_complete(store: LakeStore, lake: Path, want: set[str]) -> set[s
         if have >= want or time.monotonic() > deadline:
             return have
         time.sleep(0.5)
+
+
+# An export as the analytics child runs it (reports/live.py `_export`), in a process of its
+# own (DuckDB may not attach a live SQLite store in the test's process): `python -c
+# EXPORT_WHILE_RUNS_CHANGE URL OUT FMT INCREMENTAL TRACESTORE STORE_ID KIND UPTO AFTER_TABLE
+# VICTIM NEWCOMER`. Once table AFTER_TABLE is staged, another process deletes VICTIM
+# (`tracestore delete`) and, when given, stores NEWCOMER (`tracestore ingest`), both
+# committed before staging goes on. It prints the tables staged, in order.
+EXPORT_WHILE_RUNS_CHANGE = """
+import os, subprocess, sys
+from pathlib import Path
+from sqlalchemy.pool import NullPool
+from tracestore.db.engine import create_engine
+from tracestore.reports import connection, export
+from tracestore.reports.filters import Filters
+from tracestore.reports.watermark import Cut
+
+url, out, fmt, incremental, tracestore, store_id, kind, upto = sys.argv[1:9]
+after_table, victim, newcomer = sys.argv[9:]
+connection.allow_sqlite_attach()
+staged = export._stage_table
+calls = []
+
+def stage_then_change(analytics, staging, name, *args):
+    done = staged(analytics, staging, name, *args)
+    calls.append(name)
+    if name == after_table:
+        run = lambda *a: subprocess.run([tracestore, *a, "--db", url], check=True,
+                                        capture_output=True)
+        run("delete", victim)
+        if newcomer:
+            run("ingest", newcomer)
+    return done
+
+export._stage_table = stage_then_change
+engine = create_engine(url, poolclass=NullPool)
+cut = Cut(store_id, kind, int(upto))
+ext = os.environ.get("TRACESTORE_DUCKDB_EXTENSION_DIR")  # as live._export takes it
+export.export_snapshot(
+    engine,
+    Path(out),
+    Filters(),
+    cut,
+    fmt=fmt,
+    incremental=incremental == "yes",
+    extension_dir=Path(ext) if ext else None,
+)
+print(" ".join(calls))
+"""

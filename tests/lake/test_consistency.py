@@ -17,55 +17,15 @@ import duckdb
 import pytest
 from sqlalchemy import text
 
-from tests.lake.conftest import RUN_TABLES, LakeStore, rollout, settled
+from tests.lake.conftest import (
+    EXPORT_WHILE_RUNS_CHANGE,
+    RUN_TABLES,
+    LakeStore,
+    rollout,
+    settled,
+)
 from tracestore.reports.snapshot import verify_snapshot
 from tracestore.reports.watermark import take_cut
-
-# The export as the analytics child runs it (reports/live.py `_export`), in a process of its
-# own (DuckDB may not attach a live SQLite store in the test's process). Once table
-# `after_table` is staged, another process deletes `victim` (`tracestore delete`) and, when
-# given, stores `newcomer` (`tracestore ingest`), both committed before staging goes on.
-_EXPORT_WHILE_RUNS_CHANGE = """
-import os, subprocess, sys
-from pathlib import Path
-from sqlalchemy.pool import NullPool
-from tracestore.db.engine import create_engine
-from tracestore.reports import connection, export
-from tracestore.reports.filters import Filters
-from tracestore.reports.watermark import Cut
-
-url, out, fmt, incremental, tracestore, store_id, kind, upto = sys.argv[1:9]
-after_table, victim, newcomer = sys.argv[9:]
-connection.allow_sqlite_attach()
-staged = export._stage_table
-calls = []
-
-def stage_then_change(analytics, staging, name, *args):
-    done = staged(analytics, staging, name, *args)
-    calls.append(name)
-    if name == after_table:
-        run = lambda *a: subprocess.run([tracestore, *a, "--db", url], check=True,
-                                        capture_output=True)
-        run("delete", victim)
-        if newcomer:
-            run("ingest", newcomer)
-    return done
-
-export._stage_table = stage_then_change
-engine = create_engine(url, poolclass=NullPool)
-cut = Cut(store_id, kind, int(upto))
-ext = os.environ.get("TRACESTORE_DUCKDB_EXTENSION_DIR")  # as live._export takes it
-export.export_snapshot(
-    engine,
-    Path(out),
-    Filters(),
-    cut,
-    fmt=fmt,
-    incremental=incremental == "yes",
-    extension_dir=Path(ext) if ext else None,
-)
-print(" ".join(calls))
-"""
 
 # Children: (run_id, ingest_seq) of every row; `runs`: its own.
 Keys = dict[str, Counter[tuple[str, int]]]
@@ -203,7 +163,7 @@ def test_runs_deleted_and_stored_while_an_export_stages_them(
         str(newcomer),
     ]
     done = subprocess.run(
-        [sys.executable, "-c", _EXPORT_WHILE_RUNS_CHANGE, *args],
+        [sys.executable, "-c", EXPORT_WHILE_RUNS_CHANGE, *args],
         capture_output=True,
         text=True,
         timeout=300,

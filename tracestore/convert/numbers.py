@@ -54,6 +54,14 @@ def report_rounded(conversion: Conversion[T], output: object, root: str = "") ->
     )
 
 
+def whole_or_float(value: int) -> int | float:
+    """An integer as a float when a double holds it exactly, else the integer itself (a
+    JSON integer no double holds stays the number it is); OverflowError past a double's
+    range."""
+    as_float = float(value)
+    return as_float if as_float == value else value
+
+
 def _quote(number: RoundedFloat) -> str:
     text = number.text
     return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."

@@ -49,6 +49,7 @@ from tracestore.convert.carry import (
     make_entry,
     same,
 )
+from tracestore.convert.numbers import whole_or_float
 from tracestore.convert.report import (
     CARRY_KEY,
     CONVERTER_VERSION,
@@ -99,11 +100,10 @@ def _reward(value: object) -> tuple[float, str | None]:
         return value, None  # as read (a RoundedFloat stays one, to be reported)
     if isinstance(value, int) and not isinstance(value, bool):
         try:
-            as_float = float(value)
+            # An integer no double holds stays whole: the trace says the step's number.
+            return whole_or_float(value), None
         except OverflowError:
             return 0.0, "integer too large for a float: written as 0.0"
-        # An integer no double holds stays whole: the trace says the number the step does.
-        return (as_float if as_float == value else value), None
     if value is None:
         return 0.0, "null reward written as 0.0"
     return 0.0, "non-numeric reward written as 0.0"
@@ -260,6 +260,23 @@ def _call_record(
     }
 
 
+# The LM event's token counts and the `info.meta.usage` keys they are read from, the first
+# present (OpenAI's name, then the trace's own).
+_TOKEN_FIELDS = (
+    ("input_tokens", ("prompt_tokens", "input_tokens")),
+    ("output_tokens", ("completion_tokens", "output_tokens")),
+    ("total_tokens", ("total_tokens",)),
+)
+
+
+def _usage_count(usage: Mapping[str, Any], names: tuple[str, ...]) -> object:
+    """The first of `names` present in `usage` (its value, null included), else None."""
+    for name in names:
+        if name in usage:
+            return usage[name]
+    return None
+
+
 def _lm_event(
     meta: Mapping[str, Any], request: list[dict[str, Any]], j: int, sid: str, policy: str
 ) -> dict[str, Any] | None:
@@ -281,9 +298,7 @@ def _lm_event(
         "event_metadata": None,
         "model_name": model if isinstance(model, str) else None,
         "provider": None,
-        "input_tokens": _int(usage.get("prompt_tokens", usage.get("input_tokens"))),
-        "output_tokens": _int(usage.get("completion_tokens", usage.get("output_tokens"))),
-        "total_tokens": _int(usage.get("total_tokens")),
+        **{field: _int(_usage_count(usage, names)) for field, names in _TOKEN_FIELDS},
         "cost_usd": None,
         "latency_ms": _number(latency),
         "span_id": None,
@@ -291,13 +306,6 @@ def _lm_event(
         "call_records": [record] if record is not None else [],
     }
 
-
-# The step's token counts as the LM event reads them: (key, the other name it may have).
-_TOKEN_KEYS = (
-    ("prompt_tokens", "input_tokens"),
-    ("completion_tokens", "output_tokens"),
-    ("total_tokens", None),
-)
 
 _MISSING_PARTS = {
     "system_prompt": (
@@ -370,13 +378,13 @@ class _Builder:
         usage = meta.get("usage")
         if not isinstance(usage, Mapping):
             return
-        for key, other in _TOKEN_KEYS:
-            count = usage.get(key, usage.get(other)) if other else usage.get(key)
+        for _field, names in _TOKEN_FIELDS:
+            count = _usage_count(usage, names)
             if count is not None and _int(count) is None:
                 self.losses.add_step(
                     t,
                     j,
-                    f"info.meta.usage.{key}",
+                    f"info.meta.usage.{names[0]}",
                     "carried",
                     "not a 64-bit integer: the LM event's token count is null",
                 )

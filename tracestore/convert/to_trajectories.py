@@ -41,6 +41,7 @@ from tracestore.convert.carry import (
     assemble,
     derived_final,
 )
+from tracestore.convert.numbers import whole_or_float
 from tracestore.convert.report import (
     CARRY_KEY,
     CONVERTER_VERSION,
@@ -162,10 +163,9 @@ def _number(value: object) -> float | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         try:
-            as_float = float(value)
+            return whole_or_float(value)
         except OverflowError:
             return None
-        return as_float if as_float == value else value
     return None
 
 
