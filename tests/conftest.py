@@ -400,7 +400,7 @@ def free_port() -> int:
 class LiveServer:
     """uvicorn serving create_app(settings) on 127.0.0.1; real sockets, real HTTP."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, **app_options: Any) -> None:
         import uvicorn
 
         from tracestore.api import create_app
@@ -408,7 +408,10 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+            create_app(settings, **app_options),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

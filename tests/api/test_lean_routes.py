@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from tests.conftest import Database, LiveServer, minimal_rollout
 from tracestore.api.app import create_app
+from tracestore.api.lane import IngestLane
 from tracestore.api.routes.rollouts import (
     CorrelationRoute,
     IngestRoute,
@@ -45,10 +46,13 @@ def servers(
     assert [type(r) for r in routes[:3]] == [IngestRoute, CorrelationRoute, RolloutRoute]
     innermost: object = app.user_middleware[-1].cls
     assert innermost is LeanShortcut
-    # The FastAPI routes answer instead (the stack is built at the first request).
+    # The FastAPI routes answer instead (the stack is built at the first request), and no
+    # ingest lane serves posts before them (api/lane.py; tests/api/test_ingest_lane.py).
     del routes[:3]
     assert not [r for r in routes if isinstance(r, LeanRoute)]
     app.user_middleware.pop()
+    lane: object = IngestLane
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not lane]
     headers = {"X-API-Key": KEY} if keyed else {}
     with (
         lean,

@@ -16,6 +16,7 @@ from tracestore.api import limits
 from tracestore.api.deps import AppState, require_api_key, require_metrics_key
 from tracestore.api.errors import install_error_handlers
 from tracestore.api.head import HeadAsGet
+from tracestore.api.lane import IngestLane
 from tracestore.api.observability import Observability, ObservabilityMiddleware
 from tracestore.api.overload import Lanes
 from tracestore.api.pages.install import install as install_pages
@@ -57,6 +58,7 @@ def create_app(
     check_schema: bool = True,
     freeze_heap: bool = False,
     owns_process: bool = False,
+    ingest_lane: bool = True,
 ) -> FastAPI:
     """Build the API over the store named by `settings` (read from the environment if None).
 
@@ -65,6 +67,8 @@ def create_app(
     `owns_process`: the app is its process's only one (`tracestore serve`'s workers): at
     its end it stops the analytics children (reports/live.py), which other apps in the
     same process (tests) would otherwise share.
+    `ingest_lane`: serve clean single posts in the ingest lane (api/lane.py); off, they
+    take the app's whole path (the lane's tests compare the two).
     """
     settings = settings or Settings()
     # Counted from the first request on; the lifespan hands it to the AppState.
@@ -120,7 +124,7 @@ def create_app(
     # POST /v1/rollouts, GET /v1/correlations/{cid} and /v1/rollouts/{run_id} ahead of
     # every route, below FastAPI's dependency machinery, and their shortcut the innermost
     # middleware: added first.
-    rollouts.install_lean_routes(app)
+    ingest_route = rollouts.install_lean_routes(app)
     limits.install(app, settings)
     app.include_router(service.router)
     keyed = [Depends(require_api_key)]
@@ -139,7 +143,10 @@ def create_app(
     install_pages(app)  # the inspector's pages, sign-in, offline docs (api/pages/)
     app.include_router(drift.metrics_router, dependencies=[Depends(require_metrics_key)])
     app.add_middleware(ObservabilityMiddleware, state=observability)
-    app.add_middleware(HeadAsGet)  # added last: the outermost
+    app.add_middleware(HeadAsGet)
+    if ingest_lane:
+        # Added last: the outermost. A clean single post skips every layer above.
+        app.add_middleware(IngestLane, owner=app, route=ingest_route)
 
     def openapi() -> dict[str, Any]:
         # Rollout bodies are read raw (to store them as received), so FastAPI does not see

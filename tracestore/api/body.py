@@ -170,6 +170,17 @@ def parsed_estimate(data: bytes) -> int:
     return ParsedSize().feed(data)
 
 
+def whole_body_cost(body: bytes, max_parsed: int | None) -> int:
+    """What ingesting `body`, arrived whole, may cost at its peak: its upper bound, or its
+    estimate when the bound is past `max_parsed`; 413 when the estimate is too."""
+    cost = len(body) * MAX_PER_BYTE
+    if max_parsed is not None and cost > max_parsed:
+        cost = parsed_estimate(body)
+        if cost > max_parsed:
+            raise _too_large_parsed(max_parsed)
+    return cost
+
+
 def _max_parsed(request: Request) -> int | None:
     state = getattr(request.app.state, "tracestore", None)
     return None if state is None else int(state.settings.max_parsed_bytes)
@@ -324,12 +335,7 @@ async def read_body(request: Request, limit: int, charge: Charge | None = None) 
         body: bytes = first.get("body", b"")
         if len(body) > limit:
             raise _too_large(limit)
-        max_parsed = _max_parsed(request)
-        cost = len(body) * MAX_PER_BYTE
-        if max_parsed is not None and cost > max_parsed:
-            cost = parsed_estimate(body)
-            if cost > max_parsed:
-                raise _too_large_parsed(max_parsed)
+        cost = whole_body_cost(body, _max_parsed(request))
         if charge is not None:
             charge.bytes = cost
         return body

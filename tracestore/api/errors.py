@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match, Mount
@@ -264,3 +266,43 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PoolTimeout, _busy)
     app.add_exception_handler(ParsingBusy, _parsing_busy)
     app.add_exception_handler(Exception, _unexpected)
+
+
+class RouteHandlers:
+    """The app's exception handlers, found as Starlette's ExceptionMiddleware finds them,
+    for the routes served below it (the lean routes, the ingest lane): by status code for
+    an HTTPException, else by the exception's classes. 500 and Exception are left out:
+    they are handled outermost, by ServerErrorMiddleware, as on the normal path."""
+
+    def __init__(self, owner: FastAPI) -> None:
+        self.owner = owner
+        # Split at the first error (once every handler is in place).
+        self._split: tuple[dict[Any, Any], dict[int, Any]] | None = None
+
+    def find(self, exc: Exception) -> Any:
+        """The handler of `exc`, or None (the error goes on up)."""
+        if self._split is None:
+            handlers = {
+                k: v for k, v in self.owner.exception_handlers.items() if k not in (500, Exception)
+            }
+            by_class = {k: v for k, v in handlers.items() if not isinstance(k, int)}
+            by_status = {k: v for k, v in handlers.items() if isinstance(k, int)}
+            self._split = (by_class, by_status)
+        by_class, by_status = self._split
+        if isinstance(exc, StarletteHTTPException) and exc.status_code in by_status:
+            return by_status[exc.status_code]
+        return next((by_class[c] for c in type(exc).__mro__ if c in by_class), None)
+
+    async def answer(self, request: Request, exc: Exception) -> Response | None:
+        """The answer to `exc` raised before any byte of the answer went: its handler's
+        response (None when the handler answers nothing); re-raises when none handles it."""
+        handler = self.find(exc)
+        if handler is None:
+            raise exc
+        if inspect.iscoroutinefunction(handler):
+            response: Response | None = await handler(request, exc)
+        else:  # as Starlette runs a plain function: in its thread pool
+            response = await run_in_threadpool(handler, request, exc)
+        # A reused exception instance would gather tracebacks across requests.
+        exc.__traceback__ = None
+        return response

@@ -76,7 +76,7 @@ class _GzipMeter:
 
 
 @dataclass(slots=True)
-class _Ticket:
+class Ticket:
     """One request's charge against the worker's bound."""
 
     charge: int = 0
@@ -172,7 +172,7 @@ class InflightLimit:
         self.refused = 0
         self.timed_out = 0
         # Requests in flight, oldest first (dicts keep insertion order).
-        self._live: dict[int, _Ticket] = {}
+        self._live: dict[int, Ticket] = {}
         # Stalled bodies are found by one sweep of the requests in flight every `_tick`
         # seconds while any is in flight, not by a timer per wait: asyncio.timeout around
         # each receive cost ~5 of the ~23 us the app spent around a small post (a timer
@@ -181,9 +181,34 @@ class InflightLimit:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_loop: asyncio.AbstractEventLoop | None = None
 
-    def _fits(self, ticket: _Ticket, more: int) -> bool:
+    def _fits(self, ticket: Ticket, more: int) -> bool:
         oldest = next(iter(self._live.values()), ticket)
         return oldest is ticket or self.inflight + more <= self.limit
+
+    def admit(self, size: int) -> Ticket | None:
+        """Charge a request whose whole body, `size` bytes, has arrived (the ingest lane's,
+        api/lane.py): its ticket, or None when it does not fit (the middleware refuses)."""
+        ticket = Ticket(charge=size, received=size, body_done=True)
+        if not self._fits(ticket, size):
+            return None
+        self.inflight += size
+        self._live[id(ticket)] = ticket
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back what `admit` charged."""
+        self.inflight -= ticket.charge
+        del self._live[id(ticket)]
+
+    def _stalled(self) -> str:
+        return f"the request body stalled: nothing arrived for {self.body_timeout:g} s"
+
+    async def refuse_stalled(self, send: Send) -> None:
+        """Answer 408 for a request whose body stalled (`wait_piece` gave None)."""
+        self.timed_out += 1
+        start, body = timeout_response(self._stalled())
+        await send(start)
+        await send(body)
 
     async def _refuse(self, send: Send) -> None:
         self.refused += 1
@@ -191,7 +216,7 @@ class InflightLimit:
         await send(start)
         await send(body)
 
-    def _too_slow(self, ticket: _Ticket) -> str | None:
+    def _too_slow(self, ticket: Ticket) -> str | None:
         """Why the body arriving for `ticket` is too slow to go on with, or None."""
         took = time.monotonic() - ticket.started
         if self.body_min_rate and took > self.body_timeout:
@@ -217,7 +242,7 @@ class InflightLimit:
         if self._live:
             self._sweep = asyncio.get_running_loop().call_later(self._tick, self._swept)
 
-    async def _wait(self, ticket: _Ticket, receive: Receive) -> Message | None:
+    async def wait_piece(self, ticket: Ticket, receive: Receive) -> Message | None:
         """The next message of a body still arriving; None when it stalled past the
         timeout (uvicorn has none for bodies)."""
         task = asyncio.current_task()
@@ -243,7 +268,7 @@ class InflightLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        ticket = _Ticket()
+        ticket = Ticket()
         declared, chunked, encoding = _body_head(scope)
         if not declared and not chunked:
             ticket.body_done = True  # no body to wait for (every GET)
@@ -275,11 +300,10 @@ class InflightLimit:
             if ticket.body_done or ticket.cut:
                 message: Message | None = await receive()
             else:
-                message = await self._wait(ticket, receive)
+                message = await self.wait_piece(ticket, receive)
             if message is None:
                 self.timed_out += 1
-                stalled = f"the request body stalled: nothing arrived for {self.body_timeout:g} s"
-                return await cut(timeout_response(stalled))
+                return await cut(timeout_response(self._stalled()))
             if message["type"] == "http.disconnect":
                 ticket.gone = True
             if message["type"] != "http.request" or ticket.cut:
@@ -344,6 +368,7 @@ def install(app: FastAPI, settings: Settings) -> None:
 __all__ = [
     "RETRY_AFTER_SECONDS",
     "InflightLimit",
+    "Ticket",
     "install",
     "overloaded_response",
     "timeout_response",

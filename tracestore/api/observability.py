@@ -100,6 +100,9 @@ class ObservabilityMiddleware:
     def _observe(self, scope: Scope, status: int, seconds: float, body: bytes) -> None:
         route, method = _route(scope), "HEAD" if scope.get(HEAD) else scope["method"]
         metrics = self.state.metrics
+        if method == "POST" and route == INGEST_ROUTE:
+            observe_ingest(metrics, status, seconds)
+            return
         metrics.observe_request(method, route, str(status), seconds)
         if method == "GET" and status == 200 and route in LEGACY_ROUTES:
             # The whole-run route says whether the run had trajectories (LEGACY_STATE);
@@ -108,10 +111,6 @@ class ObservabilityMiddleware:
                 client = reader(scope, self.state.labels)
                 self.state.reads.record(client, LEGACY_ROUTES[route])
                 metrics.legacy_reads.labels(client=client, route=LEGACY_ROUTES[route]).inc()
-        elif method == "POST" and route == INGEST_ROUTE:
-            outcome = _INGEST_STATUS.get(status, "invalid" if status in _INVALID_STATUSES else "")
-            if outcome:
-                metrics.count_ingest(outcome)
         elif body:
             for outcome, n in _batch_counts(body).items():
                 metrics.count_ingest(outcome, n)
@@ -149,6 +148,14 @@ class ObservabilityMiddleware:
         except Exception:
             # The counts stay pending; the next flush tries again.
             log.warning("could not record legacy reads; will retry", exc_info=True)
+
+
+def observe_ingest(metrics: Metrics, status: int, seconds: float) -> None:
+    """Time one `POST /v1/rollouts` and count its outcome (its answer's status says it)."""
+    metrics.observe_request("POST", INGEST_ROUTE, str(status), seconds)
+    outcome = _INGEST_STATUS.get(status, "invalid" if status in _INVALID_STATUSES else "")
+    if outcome:
+        metrics.count_ingest(outcome)
 
 
 def _route(scope: Scope) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -11,7 +10,6 @@ from fastapi import APIRouter, FastAPI, Query, Request, Response
 from pydantic import TypeAdapter
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -28,7 +26,7 @@ from tracestore.api.body import (
 )
 from tracestore.api.clients import LEGACY_STATE
 from tracestore.api.deps import AppState, ReadSessionDep, StateDep, check_key
-from tracestore.api.errors import JSONBody, error_body, status_of
+from tracestore.api.errors import JSONBody, RouteHandlers, error_body, status_of
 from tracestore.api.overload import read_session
 from tracestore.api.params import (
     RUN_PATH,
@@ -79,12 +77,12 @@ def new_group_commit(state: AppState) -> GroupCommit:
     )
 
 
-def group_commit(request: Request, state: AppState) -> GroupCommit:
+def group_commit(app: FastAPI, state: AppState) -> GroupCommit:
     """The group committer of this worker's event loop (made at its first single post)."""
-    group: GroupCommit | None = getattr(request.app.state, _GROUP, None)
+    group: GroupCommit | None = getattr(app.state, _GROUP, None)
     if group is None or group.loop is not asyncio.get_running_loop():
         group = new_group_commit(state)
-        setattr(request.app.state, _GROUP, group)
+        setattr(app.state, _GROUP, group)
     return group
 
 
@@ -92,6 +90,14 @@ def _result_status(result: IngestResult) -> int:
     if result.error is not None:
         return status_of(result.error)
     return 201 if result.status == "created" else 200
+
+
+def ingest_answer(result: IngestResult) -> tuple[int, dict[str, Any]]:
+    """The status and body answering a single post stored (or found) as `result`."""
+    if result.error is not None:  # conflict
+        error = result.error
+        return status_of(error), error_body(error.code, error.message, **error.details)
+    return _result_status(result), result.to_json()
 
 
 INGEST_PATH = "/v1/rollouts"
@@ -131,7 +137,7 @@ async def post_rollout(request: Request, state: StateDep) -> JSONBody:
 async def ingest_one(request: Request, state: AppState) -> JSONBody:
     """Store the rollout posted in `request`: its answer."""
     require_json(request, " (NDJSON goes to /v1/rollouts/batch)")
-    group = group_commit(request, state)
+    group = group_commit(request.app, state)
     charge = Charge()
     async with group.arriving():
         raw = await read_body(request, state.settings.max_body_bytes, charge)
@@ -142,12 +148,8 @@ async def ingest_one(request: Request, state: AppState) -> JSONBody:
     # wait, else 503 overloaded).
     async with state.lanes.parsing.hold(charge.bytes, lambda: parsed_estimate(raw)):
         result = await group.submit(raw)
-    if result.error is not None:  # conflict
-        return JSONBody(
-            error_body(result.error.code, result.error.message, **result.error.details),
-            status_code=status_of(result.error),
-        )
-    return JSONBody(result.to_json(), status_code=_result_status(result))
+    status, body = ingest_answer(result)
+    return JSONBody(body, status_code=status)
 
 
 def _lean(
@@ -265,41 +267,18 @@ class LeanShortcut:
         self.owner = owner
         self.ingest = next(r for r in routes if isinstance(r, IngestRoute))
         self.others = [r for r in routes if r is not self.ingest]
-        # The app's handlers, split at the first request (once every handler is in place).
-        self._handlers: tuple[dict[Any, Any], dict[int, Any]] | None = None
-
-    def _handler(self, exc: Exception) -> Any:
-        if self._handlers is None:
-            handlers = {
-                k: v for k, v in self.owner.exception_handlers.items() if k not in (500, Exception)
-            }
-            by_class = {k: v for k, v in handlers.items() if not isinstance(k, int)}
-            by_status = {k: v for k, v in handlers.items() if isinstance(k, int)}
-            self._handlers = (by_class, by_status)
-        by_class, by_status = self._handlers
-        if isinstance(exc, StarletteHTTPException) and exc.status_code in by_status:
-            return by_status[exc.status_code]
-        return next((by_class[c] for c in type(exc).__mro__ if c in by_class), None)
+        self.handlers = RouteHandlers(owner)
 
     async def _serve(self, route: LeanRoute, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         try:
             # A lean endpoint never sends: it returns its answer, so an error here comes
             # before any byte of the answer went.
-            response = await route.endpoint(request)
+            response: Response | None = await route.endpoint(request)
         except Exception as exc:
-            handler = self._handler(exc)
-            if handler is None:
-                raise
-            if inspect.iscoroutinefunction(handler):
-                response = await handler(request, exc)
-            else:  # as Starlette runs a plain function: in its thread pool
-                response = await run_in_threadpool(handler, request, exc)
-            # A reused exception instance would gather tracebacks across requests.
-            exc.__traceback__ = None
-            if response is None:  # a handler may answer nothing (Starlette allows it)
-                return
-        await response(scope, receive, send)
+            response = await self.handlers.answer(request, exc)
+        if response is not None:  # a handler may answer nothing (Starlette allows it)
+            await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI call."""
@@ -324,12 +303,15 @@ class LeanShortcut:
         await self.app(scope, receive, send)
 
 
-def install_lean_routes(app: FastAPI) -> None:
+def install_lean_routes(app: FastAPI) -> IngestRoute:
     """Put the lean routes ahead of every other route of `app`, and the shortcut to them
-    innermost among its middleware (call before adding any other middleware)."""
-    routes: list[LeanRoute] = [IngestRoute(), CorrelationRoute(), RolloutRoute()]
+    innermost among its middleware (call before adding any other middleware); the ingest
+    route, for the ingest lane (api/lane.py)."""
+    ingest = IngestRoute()
+    routes: list[LeanRoute] = [ingest, CorrelationRoute(), RolloutRoute()]
     app.router.routes[:0] = routes
     app.add_middleware(LeanShortcut, owner=app, routes=routes)
+    return ingest
 
 
 def _array_items(raw: bytes, max_items: int) -> list[bytes]:

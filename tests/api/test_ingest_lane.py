@@ -1,0 +1,359 @@
+"""The ingest lane (api/lane.py) serves clean single posts from the outermost middleware
+(issue 19): every request answers, counts and charges exactly as on the app's whole path,
+and what the lane does not take goes down that path unchanged.
+
+Two live servers (real uvicorn, real sockets) over one store: one as `tracestore serve`
+builds the app, one with the lane off."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
+from tracestore.api.lane import IngestLane
+from tracestore.api.limits import InflightLimit
+from tracestore.settings import Settings
+
+KEY = "k-lane"
+
+
+def lane_of(live: LiveServer) -> IngestLane | None:
+    """The lane in the server's built middleware stack (None before the first request,
+    which builds it, or without a lane)."""
+    app = live.server.config.app
+    assert isinstance(app, FastAPI)
+    node: Any = app.middleware_stack
+    while node is not None:
+        if isinstance(node, IngestLane):
+            return node
+        node = getattr(node, "app", None)
+    return None
+
+
+@contextmanager
+def two_servers(settings: Settings) -> Iterator[tuple[LiveServer, LiveServer]]:
+    """(with the lane, without it) over the store of `settings`."""
+    with LiveServer(settings) as lane, LiveServer(settings, ingest_lane=False) as whole:
+        yield lane, whole
+
+
+@pytest.fixture(params=["open", "keyed"])
+def pair(
+    request: pytest.FixtureRequest, database: Database, engine: Engine
+) -> Iterator[tuple[LiveServer, LiveServer, bool]]:
+    keyed = request.param == "keyed"
+    settings = Settings(
+        database_url=database.url,
+        api_keys=[f"ci:{KEY}"] if keyed else [],
+        max_body_bytes=64 * 1024,
+        # Small enough that a body of ~20 KB of `{}` passes the byte limit and not this.
+        max_parsed_bytes=1_000_000,
+    )
+    with two_servers(settings) as (lane, whole):
+        yield lane, whole, keyed
+
+
+def _chunks(raw: bytes) -> Iterator[bytes]:
+    yield raw[:10]
+    yield raw[10:]
+
+
+def _cases(run_id: str) -> list[tuple[str, dict[str, Any], bool | None]]:
+    """(name, request, whether the lane answers it: None when it may or may not) for
+    every kind of single post."""
+    raw = orjson.dumps(minimal_rollout(run_id))
+    many_objects = orjson.dumps(minimal_rollout(run_id + "-big", filler=[{}] * 12_000))
+    return [
+        ("created", {"content": raw}, True),
+        ("duplicate", {"content": raw}, True),
+        ("conflict", {"content": orjson.dumps(minimal_rollout(run_id, reward=0.5))}, True),
+        (
+            "charset",
+            {
+                "content": orjson.dumps(minimal_rollout(run_id + "-cs")),
+                "headers": {"Content-Type": "application/json; charset=utf-8"},
+            },
+            True,
+        ),
+        (
+            "no content type",
+            {
+                "content": orjson.dumps(minimal_rollout(run_id + "-nct")),
+                "headers": {"Content-Type": ""},
+            },
+            True,
+        ),
+        # Refused by the ingest itself: the lane answers with the app's handlers.
+        ("not json", {"content": b"{nope"}, True),
+        ("NaN", {"content": raw.replace(b"1.0", b"NaN")}, True),
+        ("not a rollout", {"content": b'{"run_id": 5}'}, True),
+        ("repeated key", {"content": b'{"run_id": "a", "run_id": "b"}'}, True),
+        # ~24 KB: over a socket it may arrive with its head or after it (either path).
+        ("parsed size", {"content": many_objects}, None),
+        # Refused by what the head says, or read as it streams: the whole path's.
+        ("body limit", {"content": b" " * (64 * 1024 + 1)}, False),
+        (
+            "gzip",
+            {
+                "content": gzip.compress(orjson.dumps(minimal_rollout(run_id + "-gz"))),
+                "headers": {"Content-Encoding": "gzip"},
+            },
+            False,
+        ),
+        ("identity", {"content": raw, "headers": {"Content-Encoding": "identity"}}, False),
+        ("chunked", {"content": _chunks(orjson.dumps(minimal_rollout(run_id + "-ch")))}, False),
+        ("text/plain", {"content": raw, "headers": {"Content-Type": "text/plain"}}, False),
+        ("ndjson", {"content": raw, "headers": {"Content-Type": "application/x-ndjson"}}, False),
+        ("empty", {"content": b""}, False),
+        ("query", {"content": raw, "params": {"dry_run": "1"}}, False),
+    ]
+
+
+def _comparable(response: httpx.Response, run_id: str) -> tuple[Any, ...]:
+    body = response.content.replace(run_id.encode(), b"RUN")
+    return (
+        response.status_code,
+        orjson.loads(body) if body else None,
+        response.headers.get("content-type"),
+        response.headers.get("www-authenticate"),
+        response.headers.get("retry-after"),
+    )
+
+
+_COUNTED = re.compile(
+    r'^(tracestore_http_request_duration_seconds_count\{method="POST",route="/v1/rollouts"'
+    r"[^}]*\}|tracestore_ingest_rollouts_total\{[^}]*\}) (\S+)$",
+    re.M,
+)
+
+
+def _counted(client: httpx.Client) -> dict[str, float]:
+    """The POST /v1/rollouts request counts (by status) and ingest outcomes on /metrics."""
+    return {m[1]: float(m[2]) for m in _COUNTED.finditer(client.get("/metrics").text)}
+
+
+def test_every_post_answers_and_counts_as_on_the_whole_path(
+    pair: tuple[LiveServer, LiveServer, bool],
+) -> None:
+    lane, whole, keyed = pair
+    headers = {"X-API-Key": KEY} if keyed else {}
+    with (
+        httpx.Client(base_url=lane.url, headers=headers, timeout=60) as a,
+        httpx.Client(base_url=whole.url, headers=headers, timeout=60) as b,
+    ):
+        answered = []
+        for (name, request, takes), (_, same, _) in zip(
+            _cases("lane-1"), _cases("path-1"), strict=True
+        ):
+            taken = lane_of(lane)
+            before = 0 if taken is None else taken.served  # built at the first request
+            answer_a = a.post("/v1/rollouts", **request)
+            answer_b = b.post("/v1/rollouts", **same)
+            assert _comparable(answer_a, "lane-1") == _comparable(answer_b, "path-1"), name
+            taken = lane_of(lane)
+            assert taken is not None
+            if takes is not None and taken.served > before:
+                answered.append(name)
+        # The lane answered exactly the clean posts; the other server has no lane.
+        assert answered == [name for (name, _, t) in _cases("x") if t]
+        assert lane_of(whole) is None
+        # Stored what both acknowledged.
+        assert a.get("/v1/rollouts/lane-1").json() == minimal_rollout("lane-1")
+        assert b.get("/v1/rollouts/path-1").json() == minimal_rollout("path-1")
+        # The same requests and outcomes counted.
+        assert _counted(a) == _counted(b) != {}
+
+
+def test_a_refused_key_goes_down_the_whole_path(
+    pair: tuple[LiveServer, LiveServer, bool],
+) -> None:
+    lane, whole, keyed = pair
+    raw = orjson.dumps(minimal_rollout("key-1"))
+    for live in (lane, whole):
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            for headers in ({"X-API-Key": "wrong"}, {}, {"Authorization": "Bearer wrong"}):
+                response = client.post("/v1/rollouts", content=raw, headers=headers)
+                if keyed:
+                    assert response.status_code == 401, response.text
+                    assert response.json()["error"]["code"] == "unauthorized"
+                    assert response.headers["www-authenticate"].startswith("Bearer")
+                else:
+                    assert response.status_code in (200, 201), response.text
+            right = client.post(
+                "/v1/rollouts", content=raw, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            expected = 201 if keyed and live is lane else 200
+            assert right.status_code == expected, right.text
+    taken = lane_of(lane)
+    assert taken is not None
+    # Open: three posts of which one created; keyed: only the one with the key.
+    assert taken.served == (1 if keyed else 4)
+
+
+def _raw_post(url: str, raw: bytes, pause: float) -> bytes:
+    """POST `raw` over a socket of our own, the body's second half `pause` s after the
+    head and the first half; the whole answer."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + raw[: len(raw) // 2])
+        time.sleep(pause)
+        sock.sendall(raw[len(raw) // 2 :])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_body_still_arriving_goes_down_the_whole_path(database: Database, engine: Engine) -> None:
+    with LiveServer(Settings(database_url=database.url)) as live:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            assert client.post("/v1/rollouts", json=minimal_rollout("first")).status_code == 201
+            raw = orjson.dumps(minimal_rollout("in-pieces"))
+            answer = _raw_post(live.url, raw, pause=0.3)
+            assert answer.startswith(b"HTTP/1.1 201 "), answer
+            assert client.get("/v1/rollouts/in-pieces").json() == minimal_rollout("in-pieces")
+        taken = lane_of(live)
+        assert taken is not None
+        assert taken.served == 1  # the first post only
+
+
+def test_a_fault_inside_the_write_answers_as_on_the_whole_path(
+    database: Database, engine: Engine
+) -> None:
+    with two_servers(Settings(database_url=database.url)) as (lane, whole):
+        answers = []
+        for live, run_id in ((lane, "fault-lane0"), (whole, "fault-path0")):
+            with (
+                write_fault(engine, "steps", run_id),
+                httpx.Client(base_url=live.url, timeout=60) as client,
+            ):
+                response = client.post("/v1/rollouts", json=minimal_rollout(run_id))
+                answers.append(_comparable(response, run_id))
+                assert client.get(f"/v1/rollouts/{run_id}").status_code == 404
+        assert answers[0] == answers[1]
+        assert answers[0][0] >= 500
+
+
+@contextmanager
+def writes_held(engine: Engine) -> Iterator[None]:
+    """While open, another connection holds the store's write lock (SQLite) or the runs
+    table (PostgreSQL): a write waits."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN")
+            conn.exec_driver_sql("LOCK TABLE runs IN EXCLUSIVE MODE")
+            try:
+                yield
+            finally:
+                conn.exec_driver_sql("ROLLBACK")
+        return
+    # The driver's own connection: SQLAlchemy's would have begun a transaction already.
+    lock = sqlite3.connect(str(engine.url.database), isolation_level=None)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+
+
+def test_a_post_in_the_lane_holds_its_bytes_against_the_in_flight_bound(
+    database: Database, engine: Engine
+) -> None:
+    first = orjson.dumps(minimal_rollout("held"))
+    second = orjson.dumps(minimal_rollout("refused"))
+    # Room for the first body, not for both: the oldest request is never refused.
+    settings = Settings(database_url=database.url, max_inflight_bytes=len(first) + 10)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        assert client.post("/v1/rollouts", json=minimal_rollout("warm")).status_code == 201
+        taken = lane_of(live)
+        assert taken is not None
+        bound = taken._bound()
+        assert isinstance(bound, InflightLimit)
+        results: dict[str, httpx.Response] = {}
+        with writes_held(engine):
+            held = threading.Thread(
+                target=lambda: results.setdefault(
+                    "held", client.post("/v1/rollouts", content=first)
+                )
+            )
+            held.start()
+            deadline = time.monotonic() + 10
+            while bound.inflight != len(first):
+                assert time.monotonic() < deadline, "the held post never charged the bound"
+                time.sleep(0.01)
+            with httpx.Client(base_url=live.url, timeout=60) as other:
+                refused = other.post("/v1/rollouts", content=second)
+        held.join(timeout=60)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert results["held"].status_code == 201, results["held"].text
+        assert bound.inflight == 0
+        assert taken.served == 2  # the warm-up and the held post
+        assert client.get("/v1/rollouts/refused").status_code == 404
+
+
+def _head_only(url: str, size: int) -> tuple[bytes, float]:
+    """Send a post's head declaring `size` body bytes and none of them; the answer, and
+    how long it took."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {size}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer, time.monotonic() - started
+
+
+def test_a_body_that_never_comes_is_cut_as_on_the_whole_path(
+    database: Database, engine: Engine
+) -> None:
+    settings = Settings(database_url=database.url, body_timeout=1.0)
+    with two_servers(settings) as (lane, whole):
+        answers = []
+        for live in (lane, whole):
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                client.get("/health")  # builds the stack
+                answer, took = _head_only(live.url, 500)
+                assert 1.0 <= took < 8.0, took
+                head, _, body = answer.partition(b"\r\n\r\n")
+                answers.append((head.split(b"\r\n")[0], orjson.loads(body)))
+                assert _counted(client).get(
+                    'tracestore_http_request_duration_seconds_count{method="POST",'
+                    'route="/v1/rollouts",status="408"}'
+                ) == 1.0
+        assert answers[0] == answers[1]
+        assert answers[0][0] == b"HTTP/1.1 408 Request Timeout"
+        assert answers[0][1]["error"]["code"] == "request_timeout"
+        taken = lane_of(lane)
+        assert taken is not None
+        assert taken._bound().inflight == 0
+        assert taken._bound().timed_out == 1
