@@ -7,6 +7,7 @@ builds the app, one with the lane off."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import re
 import socket
@@ -117,6 +118,14 @@ def _cases(run_id: str) -> list[tuple[str, dict[str, Any], bool | None]]:
         ("identity", {"content": raw, "headers": {"Content-Encoding": "identity"}}, False),
         ("chunked", {"content": _chunks(orjson.dumps(minimal_rollout(run_id + "-ch")))}, False),
         ("text/plain", {"content": raw, "headers": {"Content-Type": "text/plain"}}, False),
+        (
+            "two content types",
+            {
+                "content": orjson.dumps(minimal_rollout(run_id + "-2ct")),
+                "headers": [("Content-Type", "text/plain"), ("Content-Type", "application/json")],
+            },
+            False,
+        ),
         ("ndjson", {"content": raw, "headers": {"Content-Type": "application/x-ndjson"}}, False),
         ("empty", {"content": b""}, False),
         ("query", {"content": raw, "params": {"dry_run": "1"}}, False),
@@ -135,14 +144,15 @@ def _comparable(response: httpx.Response, run_id: str) -> tuple[Any, ...]:
 
 
 _COUNTED = re.compile(
-    r'^(tracestore_http_request_duration_seconds_count\{method="POST",route="/v1/rollouts"'
-    r"[^}]*\}|tracestore_ingest_rollouts_total\{[^}]*\}) (\S+)$",
+    r'^(tracestore_http_request_duration_seconds_count\{method="POST",[^}]*\}'
+    r"|tracestore_ingest_rollouts_total\{[^}]*\}) (\S+)$",
     re.M,
 )
 
 
 def _counted(client: httpx.Client) -> dict[str, float]:
-    """The POST /v1/rollouts request counts (by status) and ingest outcomes on /metrics."""
+    """Every POST's request count (by route and status) and the ingest outcomes, as
+    /metrics has them."""
     return {m[1]: float(m[2]) for m in _COUNTED.finditer(client.get("/metrics").text)}
 
 
@@ -168,9 +178,8 @@ def test_every_post_answers_and_counts_as_on_the_whole_path(
             assert taken is not None
             if takes is not None and taken.served > before:
                 answered.append(name)
-        # The lane answered exactly the clean posts; the other server has no lane.
+        # The lane answered exactly the clean posts.
         assert answered == [name for (name, _, t) in _cases("x") if t]
-        assert lane_of(whole) is None
         # Stored what both acknowledged.
         assert a.get("/v1/rollouts/lane-1").json() == minimal_rollout("lane-1")
         assert b.get("/v1/rollouts/path-1").json() == minimal_rollout("path-1")
@@ -178,61 +187,105 @@ def test_every_post_answers_and_counts_as_on_the_whole_path(
         assert _counted(a) == _counted(b) != {}
 
 
-def test_a_refused_key_goes_down_the_whole_path(
+def test_keys_are_checked_as_on_the_whole_path(
     pair: tuple[LiveServer, LiveServer, bool],
 ) -> None:
     lane, whole, keyed = pair
     raw = orjson.dumps(minimal_rollout("key-1"))
-    for live in (lane, whole):
+    basic = base64.b64encode(f"producer:{KEY}".encode()).decode()
+    wrong: list[dict[str, Any]] = [
+        {"X-API-Key": "wrong"},
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": b"Basic \xe9"},  # not base64, not even ASCII: 401, never 500
+        {"Authorization": "Basic !!!"},
+    ]
+    right = [{"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Basic {basic}"}]
+    answers: dict[str, list[int]] = {}
+    for name, live in (("lane", lane), ("whole", whole)):
         with httpx.Client(base_url=live.url, timeout=60) as client:
-            for headers in ({"X-API-Key": "wrong"}, {}, {"Authorization": "Bearer wrong"}):
-                response = client.post("/v1/rollouts", content=raw, headers=headers)
-                if keyed:
-                    assert response.status_code == 401, response.text
-                    assert response.json()["error"]["code"] == "unauthorized"
-                    assert response.headers["www-authenticate"].startswith("Bearer")
-                else:
-                    assert response.status_code in (200, 201), response.text
-            right = client.post(
-                "/v1/rollouts", content=raw, headers={"Authorization": f"Bearer {KEY}"}
-            )
-            expected = 201 if keyed and live is lane else 200
-            assert right.status_code == expected, right.text
+            answers[name] = [
+                client.post("/v1/rollouts", content=raw, headers=headers).status_code
+                for headers in wrong + right
+            ]
+            if keyed:
+                refused = client.post("/v1/rollouts", content=raw, headers=wrong[3])
+                assert refused.json()["error"]["code"] == "unauthorized"
+                assert refused.headers["www-authenticate"].startswith("Bearer")
+    if keyed:
+        assert answers["lane"] == [401] * len(wrong) + [201, 200]
+        assert answers["whole"] == [401] * len(wrong) + [200, 200]
+    else:
+        assert answers["lane"] == [201] + [200] * (len(wrong) + len(right) - 1)
+        assert answers["whole"] == [200] * (len(wrong) + len(right))
     taken = lane_of(lane)
     assert taken is not None
-    # Open: three posts of which one created; keyed: only the one with the key.
-    assert taken.served == (1 if keyed else 4)
+    # Keyed: only the posts with the key; open: every post (no key is asked for).
+    assert taken.served == (len(right) if keyed else len(wrong) + len(right))
 
 
-def _raw_post(url: str, raw: bytes, pause: float) -> bytes:
-    """POST `raw` over a socket of our own, the body's second half `pause` s after the
-    head and the first half; the whole answer."""
+def _raw_post(url: str, raw: bytes, cuts: list[int], pause: float) -> bytes:
+    """POST `raw` over a socket of our own: the head, then the body cut at `cuts`, each
+    piece `pause` s after the one before; the whole answer."""
     host, port = url.removeprefix("http://").split(":")
     head = (
         f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
     ).encode()
+    ends = [*cuts, len(raw)]
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head + raw[: len(raw) // 2])
-        time.sleep(pause)
-        sock.sendall(raw[len(raw) // 2 :])
+        sock.sendall(head)
+        for begin, end in zip([0, *cuts], ends, strict=True):
+            time.sleep(pause)
+            sock.sendall(raw[begin:end])
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
     return answer
 
 
-def test_a_body_still_arriving_goes_down_the_whole_path(database: Database, engine: Engine) -> None:
+_TIMED = re.compile(
+    r'^tracestore_http_request_duration_seconds_sum\{method="POST",route="/v1/rollouts",'
+    r'status="201"\} (\S+)$',
+    re.M,
+)
+
+
+def test_a_body_after_its_head_is_served_by_the_lane(database: Database, engine: Engine) -> None:
     with LiveServer(Settings(database_url=database.url)) as live:
-        with httpx.Client(base_url=live.url, timeout=60) as client:
-            assert client.post("/v1/rollouts", json=minimal_rollout("first")).status_code == 201
-            raw = orjson.dumps(minimal_rollout("in-pieces"))
-            answer = _raw_post(live.url, raw, pause=0.3)
-            assert answer.startswith(b"HTTP/1.1 201 "), answer
-            assert client.get("/v1/rollouts/in-pieces").json() == minimal_rollout("in-pieces")
+        raw = orjson.dumps(minimal_rollout("after-head"))
+        answer = _raw_post(live.url, raw, [], pause=0.3)
+        assert answer.startswith(b"HTTP/1.1 201 "), answer
         taken = lane_of(live)
         assert taken is not None
-        assert taken.served == 1  # the first post only
+        assert taken.served == 1
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            assert client.get("/v1/rollouts/after-head").json() == minimal_rollout("after-head")
+            # Timed from the head: the wait for the body counts.
+            assert float(_TIMED.findall(client.get("/metrics").text)[0]) >= 0.3
+
+
+def test_a_body_still_arriving_goes_down_the_whole_path_with_its_charge(
+    database: Database, engine: Engine
+) -> None:
+    with two_servers(Settings(database_url=database.url)) as (lane, whole):
+        answers = []
+        for live, run_id in ((lane, "pieces-lane"), (whole, "pieces-path")):
+            raw = orjson.dumps(minimal_rollout(run_id))
+            answer = _raw_post(live.url, raw, [len(raw) // 2], pause=0.3)
+            answers.append(answer.split(b"\r\n", 1)[0])
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                assert client.get(f"/v1/rollouts/{run_id}").json() == minimal_rollout(run_id)
+                # Timed from the head on both paths: two pauses.
+                assert float(_TIMED.findall(client.get("/metrics").text)[0]) >= 0.6
+        assert answers == [b"HTTP/1.1 201 Created"] * 2
+        taken = lane_of(lane)
+        assert taken is not None
+        assert taken.served == 0  # handed down the app, which answered
+        bound = taken._bound()
+        assert bound is not None
+        assert (bound.inflight, bound.refused, bound.timed_out) == (0, 0, 0)
+        assert not bound._live
 
 
 def test_a_fault_inside_the_write_answers_as_on_the_whole_path(
@@ -346,14 +399,19 @@ def test_a_body_that_never_comes_is_cut_as_on_the_whole_path(
                 assert 1.0 <= took < 8.0, took
                 head, _, body = answer.partition(b"\r\n\r\n")
                 answers.append((head.split(b"\r\n")[0], orjson.loads(body)))
-                assert _counted(client).get(
-                    'tracestore_http_request_duration_seconds_count{method="POST",'
-                    'route="/v1/rollouts",status="408"}'
-                ) == 1.0
+                assert (
+                    _counted(client).get(
+                        'tracestore_http_request_duration_seconds_count{method="POST",'
+                        'route="/v1/rollouts",status="408"}'
+                    )
+                    == 1.0
+                )
         assert answers[0] == answers[1]
         assert answers[0][0] == b"HTTP/1.1 408 Request Timeout"
         assert answers[0][1]["error"]["code"] == "request_timeout"
         taken = lane_of(lane)
         assert taken is not None
-        assert taken._bound().inflight == 0
-        assert taken._bound().timed_out == 1
+        bound = taken._bound()
+        assert bound is not None
+        assert bound.inflight == 0
+        assert bound.timed_out == 1

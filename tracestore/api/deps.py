@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -107,7 +106,7 @@ def presented_key(request: Request) -> str | None:
     if scheme.lower() == "basic" and token:
         try:
             _user, sep, password = base64.b64decode(token, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, non-ASCII text
             return None
         return password if sep and password else None
     return None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,10 +34,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tracestore.api.body import is_json, parsed_estimate, whole_body_cost
 from tracestore.api.deps import AppState, check_key
 from tracestore.api.errors import RouteHandlers
-from tracestore.api.limits import InflightLimit, Ticket
-from tracestore.api.observability import observe_ingest
+from tracestore.api.limits import HANDED_TICKET, InflightLimit, Ticket
+from tracestore.api.observability import STARTED, observe_ingest
 from tracestore.api.routes.rollouts import INGEST_PATH, group_commit, ingest_answer
 from tracestore.errors import Unauthorized
+from tracestore.ingest.group import GroupCommit
+from tracestore.jsontext import dumps
 
 _JSON_HEADERS = (b"content-type", b"application/json")
 
@@ -48,13 +49,15 @@ def _clean_head(scope: Scope, max_body: int) -> int | None:
     one without Content-Type) of a declared length, 1 to `max_body` bytes, not encoded
     nor chunked."""
     length: bytes | None = None
-    media = b""
+    media: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             if length is not None:
                 return None  # repeated: the app's reading decides
             length = value
         elif name == b"content-type":
+            if media is not None:
+                return None  # repeated: the app reads the first
             media = value
         elif name in (b"content-encoding", b"transfer-encoding"):
             return None
@@ -91,13 +94,14 @@ class IngestLane:
         self.served = 0  # posts the lane answered itself (tests check it takes its share)
         self._inflight: InflightLimit | None = None
 
-    def _bound(self) -> InflightLimit:
+    def _bound(self) -> InflightLimit | None:
         # The app's in-flight bound, the middleware instance Starlette built below us:
         # the lane charges the same counter, so requests on both paths share one bound.
+        # An app without one (not as create_app builds it) gets no lane.
         if self._inflight is None:
             node: Any = self.app
-            while not isinstance(node, InflightLimit):
-                node = node.app
+            while node is not None and not isinstance(node, InflightLimit):
+                node = getattr(node, "app", None)
             self._inflight = node
         return self._inflight
 
@@ -112,40 +116,48 @@ class IngestLane:
         ):
             await self.app(scope, receive, send)
             return
+        start = time.perf_counter()  # where the metrics middleware's clock starts
         state: AppState | None = getattr(self.owner.state, "tracestore", None)
         size = None if state is None else _clean_head(scope, state.settings.max_body_bytes)
+        bound = self._bound()
         if (
             state is None
             or size is None
+            or bound is None
             or (state.settings.api_keys and not _key_valid(scope, state))
         ):
             await self.app(scope, receive, send)
             return
-        start = time.perf_counter()
-        bound = self._bound()
         ticket = bound.admit(size)
         if ticket is None:  # the bound is full: the middleware refuses it
             await self.app(scope, receive, send)
             return
+        group = group_commit(self.owner, state)
+        metrics = state.observability.metrics
         try:
-            arrived = await _whole_body(bound, ticket, receive, size)
-        except BaseException:
+            # As ingest_one reads it: a group about to be written waits for this body.
+            async with group.arriving():
+                arrived = await _whole_body(bound, ticket, receive, size)
+        except BaseException:  # cancelled (shutdown): as the metrics middleware counts it
             bound.release(ticket)
+            observe_ingest(metrics, 500, time.perf_counter() - start)
             raise
         if arrived is None:  # nothing came within the body timeout: 408, as the app's
             bound.release(ticket)
             await bound.refuse_stalled(send)
-            observe_ingest(state.observability.metrics, 408, time.perf_counter() - start)
+            observe_ingest(metrics, 408, time.perf_counter() - start)
             return
         taken, body = arrived
         if body is None:
-            # Still arriving (a large or slow body), or the client left: the app's path
-            # has the body timeouts and the streaming limits.
-            bound.release(ticket)
+            # Still arriving (a large or slow body), or the client left: down the app,
+            # which has the streaming limits, keeping the request's charge (its place as
+            # the oldest, its clock for the body's rate) and its clock for the metrics.
+            scope[HANDED_TICKET] = ticket
+            scope[STARTED] = start
             await self.app(scope, _replaying(taken, receive), send)
             return
         try:
-            await self._ingest(scope, receive, send, state, body, start)
+            await self._ingest(scope, receive, send, state, group, body, start)
         finally:
             bound.release(ticket)
 
@@ -155,18 +167,19 @@ class IngestLane:
         receive: Receive,
         send: Send,
         state: AppState,
+        group: GroupCommit,
         body: bytes,
         start: float,
     ) -> None:
         status = 500  # an error no handler answers: ServerErrorMiddleware's 500
         # As the router would have set them: the handlers and the metrics read the route.
+        scope["router"] = self.owner.router
         scope["route"] = self.route
         scope["endpoint"] = self.route.endpoint
         scope["path_params"] = {}
         try:
             try:
                 cost = whole_body_cost(body, state.settings.max_parsed_bytes)
-                group = group_commit(self.owner, state)
                 # As ingest_one: the memory its ingest may take, held with every other
                 # ingest of this worker (a bounded wait, else 503), then stored with the
                 # posts arriving with it and answered once their transaction committed.
@@ -181,7 +194,7 @@ class IngestLane:
                 await response(scope, receive, send)
                 return
             status, answer = ingest_answer(result)
-            data = orjson.dumps(answer)
+            data = dumps(answer)  # as JSONBody renders it
             self.served += 1
             await send(
                 {

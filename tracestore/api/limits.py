@@ -94,6 +94,9 @@ class Ticket:
 
 
 _BODY_HEAD = frozenset((b"content-length", b"transfer-encoding", b"content-encoding"))
+# In a request's scope: the Ticket of a request the ingest lane admitted and then handed
+# down the app (its body was still arriving).
+HANDED_TICKET = "tracestore.inflight_ticket"
 
 
 def _body_head(scope: Scope) -> tuple[int | None, bool, bytes]:
@@ -186,9 +189,11 @@ class InflightLimit:
         return oldest is ticket or self.inflight + more <= self.limit
 
     def admit(self, size: int) -> Ticket | None:
-        """Charge a request whose whole body, `size` bytes, has arrived (the ingest lane's,
-        api/lane.py): its ticket, or None when it does not fit (the middleware refuses)."""
-        ticket = Ticket(charge=size, received=size, body_done=True)
+        """Charge a request declaring a body of `size` bytes before any of it is read, as
+        this middleware does (the ingest lane's, api/lane.py): its ticket, or None when it
+        does not fit (the middleware refuses it). A ticket handed on in the scope
+        (HANDED_TICKET) is the middleware's own from there."""
+        ticket = Ticket(charge=size)
         if not self._fits(ticket, size):
             return None
         self.inflight += size
@@ -268,22 +273,30 @@ class InflightLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        ticket = Ticket()
-        declared, chunked, encoding = _body_head(scope)
-        if not declared and not chunked:
-            ticket.body_done = True  # no body to wait for (every GET)
-        if encoding in _GZIP:
-            ticket.meter = _GzipMeter(stop_after=self.max_body)
-        # A declared body past the body limit is refused (413) before any of it is read,
-        # so it holds nothing; anything else reserves its declared length up front.
-        reserve = declared if declared is not None and declared <= self.max_body else 0
-        if reserve and not self._fits(ticket, reserve):
-            await self._refuse(send)
-            return
-        self.inflight += reserve
-        ticket.charge = reserve
-        key = id(ticket)
-        self._live[key] = ticket
+        handed: Ticket | None = scope.pop(HANDED_TICKET, None)
+        if handed is not None:
+            # Admitted by the ingest lane, which took no body-less, encoded or chunked
+            # request: its charge, its place among the requests in flight, its clock.
+            ticket = handed
+            key = id(ticket)
+        else:
+            ticket = Ticket()
+            declared, chunked, encoding = _body_head(scope)
+            if not declared and not chunked:
+                ticket.body_done = True  # no body to wait for (every GET)
+            if encoding in _GZIP:
+                ticket.meter = _GzipMeter(stop_after=self.max_body)
+            # A declared body past the body limit is refused (413) before any of it is
+            # read, so it holds nothing; anything else reserves its declared length up
+            # front.
+            reserve = declared if declared is not None and declared <= self.max_body else 0
+            if reserve and not self._fits(ticket, reserve):
+                await self._refuse(send)
+                return
+            self.inflight += reserve
+            ticket.charge = reserve
+            key = id(ticket)
+            self._live[key] = ticket
 
         async def cut(answer: tuple[Message, Message]) -> Message:
             # Answer for the app (unless it answered already) and tell it the client left,
@@ -366,6 +379,7 @@ def install(app: FastAPI, settings: Settings) -> None:
 
 
 __all__ = [
+    "HANDED_TICKET",
     "RETRY_AFTER_SECONDS",
     "InflightLimit",
     "Ticket",
