@@ -255,6 +255,30 @@ def test_a_lone_post_waits_for_nobody(engine: Engine, fresh: Engine) -> None:
     assert _visible(fresh, "lone") == _raw("lone")
 
 
+@pytest.mark.parametrize("then_submits", [True, False])
+def test_a_post_that_submits_after_arriving_joins_the_pending_group(
+    engine: Engine, then_submits: bool
+) -> None:
+    recorder = Recorder()
+
+    async def two() -> list[IngestResult]:
+        group = GroupCommit(engine, recorder, wait=5.0, max_items=64, max_bytes=1 << 24)
+        second = group.arriving(then_submits=then_submits)
+        await second.__aenter__()  # the second post's body is coming: the first waits
+        first = asyncio.create_task(group.submit(_raw("pending")))
+        await asyncio.sleep(0)
+        await second.__aexit__(None, None, None)
+        # The ingest lane submits right after (api/lane.py): no write may start between.
+        results = await asyncio.gather(first, group.submit(_raw("joins")))
+        return list(results)
+
+    results = _run(two)
+    assert [r.status for r in results] == ["created", "created"]
+    # With then_submits the block's end starts no write, so the two share one group;
+    # without it (ingest_one's reading) the end writes the pending post alone.
+    assert recorder.sizes == ([2] if then_submits else [1, 1])
+
+
 def test_the_wait_for_arriving_posts_is_bounded(engine: Engine) -> None:
     recorder = Recorder()
 

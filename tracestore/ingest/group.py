@@ -109,16 +109,21 @@ class _Arriving:
     """`GroupCommit.arriving`'s context: a class, not an @asynccontextmanager, whose
     generator and wrapper cost a small post ~1 us (bench/README.md item 24)."""
 
-    __slots__ = ("_group",)
+    __slots__ = ("_group", "_then_submits")
 
-    def __init__(self, group: GroupCommit) -> None:
+    def __init__(self, group: GroupCommit, then_submits: bool) -> None:
         self._group = group
+        self._then_submits = then_submits
 
     async def __aenter__(self) -> None:
         self._group._arriving += 1
 
-    async def __aexit__(self, *_exc: object) -> None:
-        self._group._arrived()
+    async def __aexit__(self, exc_type: object, *_exc: object) -> None:
+        if self._then_submits and exc_type is None:
+            # Its submit, next, writes or waits: a write started here would leave it out.
+            self._group._arriving -= 1
+        else:
+            self._group._arrived()
 
 
 class GroupCommit:
@@ -153,10 +158,17 @@ class GroupCommit:
         self._expected = 0
         self._expected_until = 0.0
 
-    def arriving(self) -> _Arriving:
+    def arriving(self, *, then_submits: bool = False) -> _Arriving:
         """Around reading a post's body: a group about to be written waits for it (at
-        most `wait`), so posts arriving together share a commit."""
-        return _Arriving(self)
+        most `wait`), so posts arriving together share a commit. `then_submits`: the
+        caller submits at once when the block ends without an error (else it calls
+        `kick`), so the end of the block starts no write of its own."""
+        return _Arriving(self, then_submits)
+
+    def kick(self) -> None:
+        """Write the pending group now, or arm its wait (a post announced as arriving
+        will not be submitted)."""
+        self._kick()
 
     def _arrived(self) -> None:
         self._arriving -= 1
