@@ -321,8 +321,10 @@ def run_backend(
     log: Any = print,
     clients: Sequence[int] | None = None,
     kinds: Sequence[str] = ("multi", "single"),
+    scale: int = 1,
 ) -> dict[str, Any]:
-    """Every measurement of `size` on `backend`: {corpus: {clients: {single, batch}}}."""
+    """Every measurement of `size` on `backend`: {corpus: {clients: {single, batch}}};
+    `scale` times the size's rollouts in each."""
     cfg = SIZES[size]
     counts: Sequence[int] = clients or cfg["clients"]
     seeds = Seeds()
@@ -334,9 +336,10 @@ def run_backend(
             measure(base, pid, seeds.take(kind, 16), 8, batch=False)
             measure(base, pid, seeds.take(kind, 2 * BATCH), 2, batch=True)
             for n_clients in counts:
-                n = max(cfg["rollouts"][kind], 3 * n_clients)
+                rollouts = scale * cfg["rollouts"][kind]
+                n = max(rollouts, 3 * n_clients)
                 single = measure(base, pid, seeds.take(kind, n), n_clients, batch=False)
-                nb = max(cfg["rollouts"][kind], min(n_clients * BATCH, cfg["batch_max"][kind]))
+                nb = max(rollouts, min(n_clients * BATCH, scale * cfg["batch_max"][kind]))
                 batch = measure(base, pid, seeds.take(kind, nb), n_clients, batch=True)
                 out[kind][str(n_clients)] = {"single": single, "batch": batch}
                 log(
@@ -362,8 +365,9 @@ def run(
     log: Any = print,
     clients: Sequence[int] | None = None,
     kinds: Sequence[str] = ("multi", "single"),
+    scale: int = 1,
 ) -> dict[str, Any]:
-    """The whole benchmark at `size` on `backends`."""
+    """The whole benchmark at `size` on `backends` (`scale` times its rollouts)."""
     out: dict[str, Any] = {
         "size": size,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -374,7 +378,8 @@ def run(
         },
         "server": f"tracestore serve --workers {WORKERS}",
         "env": env or {},
-        "results": {b: run_backend(b, size, env, log, clients, kinds) for b in backends},
+        "scale": scale,
+        "results": {b: run_backend(b, size, env, log, clients, kinds, scale) for b in backends},
     }
     out["machine"]["load_at_end"] = os.getloadavg()
     out["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
@@ -545,6 +550,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--profile", default=None, help="FILE: py-spy one worker instead (see profile())"
     )
     parser.add_argument("--batch", action="store_true", help="with --profile: batches of 50")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="post this many times the size's rollouts in each measurement: longer runs, "
+        "steadier figures (at 1 a 1.2 KB measurement lasts ~1-2 s, and its ratios swing by "
+        "20-40%% between runs on a shared machine)",
+    )
     args = parser.parse_args(argv)
     if args.profile:
         print(
@@ -566,7 +579,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("PostgreSQL is unreachable: measuring SQLite only")
         backends.remove("postgresql")
     env = dict(item.split("=", 1) for item in args.env)
-    results = run(size, backends, env, clients=args.clients, kinds=args.corpus)
+    if args.scale < 1:
+        parser.error("--scale must be 1 or more")
+    results = run(size, backends, env, clients=args.clients, kinds=args.corpus, scale=args.scale)
     name = args.out or ("concurrency" if size == "full" else f"concurrency-{size}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))

@@ -23,6 +23,7 @@ import orjson
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
 from tracestore.api.lane import IngestLane
@@ -415,3 +416,77 @@ def test_a_body_that_never_comes_is_cut_as_on_the_whole_path(
         assert bound is not None
         assert bound.inflight == 0
         assert bound.timed_out == 1
+
+
+def _exchange(url: str, data: bytes, pause_after: bytes | None = None, rest: bytes = b"") -> bytes:
+    """Send `data` on a socket of our own (then, once `pause_after` was read, `rest`),
+    and read until the server closes; everything it sent."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(data)
+        answer = b""
+        if pause_after is not None:
+            while pause_after not in answer:
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            sock.sendall(rest)
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def _head(raw: bytes, *extra: str, close: bool = True) -> bytes:
+    lines = [
+        "POST /v1/rollouts HTTP/1.1",
+        "Host: lane",
+        "Content-Type: application/json",
+        f"Content-Length: {len(raw)}",
+        *extra,
+        *(["Connection: close"] if close else []),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_expect_100_continue_and_pipelined_posts(database: Database, engine: Engine) -> None:
+    with LiveServer(Settings(database_url=database.url)) as live:
+        raw = orjson.dumps(minimal_rollout("continued"))
+        # The client waits for 100 Continue before it sends the body.
+        answer = _exchange(live.url, _head(raw, "Expect: 100-continue"), b"100 Continue", raw)
+        assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 "), answer
+        # Two posts in one write: answered in order, each stored.
+        first, second = (orjson.dumps(minimal_rollout(f"piped-{i}")) for i in (1, 2))
+        answer = _exchange(live.url, _head(first, close=False) + first + _head(second) + second)
+        statuses = re.findall(rb"HTTP/1.1 (\d+) ", answer)
+        assert statuses == [b"201", b"201"], answer
+        assert answer.index(b"piped-1") < answer.index(b"piped-2")
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            for run_id in ("continued", "piped-1", "piped-2"):
+                assert client.get(f"/v1/rollouts/{run_id}").json() == minimal_rollout(run_id)
+        taken = lane_of(live)
+        assert taken is not None
+        assert taken.served == 3
+
+
+def test_a_store_too_busy_answers_as_on_the_whole_path(database: Database, engine: Engine) -> None:
+    url = database.url
+    if engine.dialect.name == "postgresql":
+        # A lock held past the lock timeout (30 s by default: db/engine.py).
+        limited = make_url(url).update_query_dict({"options": "-c lock_timeout=500"})
+        url = limited.render_as_string(hide_password=False)
+    settings = Settings(database_url=url, db_wait=0.5)
+    with two_servers(settings) as (lane, whole):
+        answers = []
+        for live, run_id in ((lane, "busy-lane0"), (whole, "busy-path0")):
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                assert client.get("/health").status_code == 200
+                with writes_held(engine):
+                    response = client.post("/v1/rollouts", json=minimal_rollout(run_id))
+                answers.append(_comparable(response, run_id))
+                assert client.get(f"/v1/rollouts/{run_id}").status_code == 404
+        assert answers[0] == answers[1]
+        assert answers[0][0] == 503, answers[0]
+        assert answers[0][4] is not None  # Retry-After
+        taken = lane_of(lane)
+        assert taken is not None
+        assert taken.served == 1

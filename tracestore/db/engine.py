@@ -23,6 +23,12 @@ from tracestore.db.types import json_dumps, json_dumps_pg, json_loads
 # Execution option read by the SQLite "begin" hook below.
 BEGIN_MODE = "tracestore_sqlite_begin"
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# PostgreSQL waits for a lock without end by default: a post behind a table lock (a
+# migration's ALTER, a LOCK TABLE, a stuck transaction) held its client and its group
+# forever. A statement waits at most this long for a lock, as long as SQLite's writers
+# queue, then fails (503 `database_unavailable`, Retry-After: nothing was committed);
+# `?options=-c lock_timeout=...` in the URL sets another (0: no limit).
+PG_LOCK_TIMEOUT_S = SQLITE_BUSY_TIMEOUT_S
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -374,10 +380,14 @@ def create_engine(
         return engine
     if backend == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        pg_args: dict[str, Any] = {}
+        if "options" not in parsed.query:
+            pg_args["options"] = f"-c lock_timeout={int(PG_LOCK_TIMEOUT_S * 1000)}"
         engine = sa_create_engine(
             parsed,
             json_serializer=json_dumps_pg,
             json_deserializer=json_loads,
+            connect_args=pg_args,
             **kwargs,
         )
         if kwargs["pool_pre_ping"] and kwargs.get("poolclass") is not NullPool:
