@@ -105,6 +105,8 @@ def test_a_session_id_not_utf8_is_reported_and_the_others_imported(
         assert created in done.stdout
         assert "1 invalid" in done.stdout
         assert "session_id is not UTF-8 text" in done.stdout
+        # Named as its text shows it, the escape not doubled (repr made it 'h\\\\xffi').
+        assert "session 'h\\xffi'" in done.stdout, done.stdout
     engine = create_engine(fresh_db.url)
     try:
         with engine.connect() as conn:

@@ -166,7 +166,7 @@ def synth_db(
                 yield FileItem(b"", refused, "a session without an id")
             for built in iter_rollouts(source, ids, mapping, batch_size):
                 progress.advance(task)
-                where = f"session {built.session_id!r}"
+                where = f"session {_quoted(built.session_id)}"
                 if isinstance(built, Imported):
                     stats.add(built)
                     yield FileItem(built.raw, built.doc, where)
@@ -179,6 +179,16 @@ def synth_db(
     stats.print(path, elapsed)
     if tally.problems:
         raise typer.Exit(2)
+
+
+def _quoted(session_id: object) -> str:
+    """The id as the summary names it: quoted, and an unreadable one's escapes (already
+    its text, `h\\xffi`) shown once, not doubled as repr doubles them."""
+    from tracestore.ingest.synth_db import UnreadableId  # lazy, as the command's imports
+
+    if isinstance(session_id, UnreadableId):
+        return f"'{session_id}'"
+    return repr(session_id)
 
 
 def register(app: typer.Typer) -> None:

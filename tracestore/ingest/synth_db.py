@@ -985,7 +985,7 @@ def iter_rollouts(
             if isinstance(sid, UnreadableId):
                 # Not looked up: its text is only how it is shown, and may be another
                 # session's id; its children, keyed by the same bytes, are not read either.
-                yield Unreadable(str(sid), str(sid), sid.problem)
+                yield Unreadable(sid, str(sid), sid.problem)  # the id keeps its kind
             else:
                 readable.append(sid)
         if not readable:
