@@ -8,6 +8,7 @@ kept-alive connections stayed there."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -22,6 +23,7 @@ import pytest
 from bench.common import tcp_sockets
 from tests.conftest import minimal_rollout
 from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess, child_pids
+from tracestore.api.server import METRICS_DIR_PREFIX, remove_stale_metrics_dirs
 
 CLIENTS = 32
 
@@ -146,3 +148,32 @@ def test_metrics_sum_every_worker(tmp_path: Path) -> None:
         writers = {p.stem.rsplit("_", 1)[1] for p in folder.glob("counter_*.db")}
         assert len(writers) == 2, sorted(folder.iterdir())
     assert not folder.exists()  # the server's own, gone with it
+
+
+def test_a_killed_server_s_metrics_folder_goes_at_the_next_start(tmp_path: Path) -> None:
+    # A SIGKILLed supervisor cannot remove its folder: each such kill left one behind in
+    # the temporary directory, for good.
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    stale = parent / f"{METRICS_DIR_PREFIX}{gone.pid}-abc"
+    live = parent / f"{METRICS_DIR_PREFIX}{os.getpid()}-def"  # a server still running
+    other = parent / f"{METRICS_DIR_PREFIX}x-ghi"  # not one of ours
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / "counter_1.db").write_bytes(b"x")
+    assert remove_stale_metrics_dirs(parent) == [stale]
+    assert not stale.exists()
+    assert live.is_dir()
+    assert other.is_dir()
+    # And a real server's: killed outright, then a server started again removes it.
+    env = {"TMPDIR": str(parent)}
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    with ServerProcess(store, tmp_path / "log", workers=2, env=env) as killed:
+        folders = list(parent.glob(f"{METRICS_DIR_PREFIX}{killed.pid}-*"))
+        assert len(folders) == 1, sorted(parent.iterdir())
+        killed.kill()  # the supervisor and its workers, SIGKILL: no clean-up
+        assert folders[0].is_dir()
+    with ServerProcess(store, tmp_path / "log2", workers=2, env=env):
+        assert not folders[0].exists()

@@ -30,6 +30,7 @@ import signal
 import socket
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import orjson
@@ -396,9 +397,11 @@ def run_server(
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     # /metrics sums every worker's counters from files here (tracestore/metrics.py); a new
     # directory each time, so a restarted server does not count its last run's requests.
-    # (A SIGKILL of this process leaves it behind in the temporary directory.)
+    # Named by this process's pid: a SIGKILL leaves it behind, and the next start of a
+    # server removes it.
     previous = os.environ.get(MULTIPROC_ENV)
-    metrics_dir = tempfile.mkdtemp(prefix="tracestore-metrics-")
+    remove_stale_metrics_dirs(Path(tempfile.gettempdir()))
+    metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
     os.environ[MULTIPROC_ENV] = metrics_dir
     try:
         Multiprocess(config, sockets=[sock]).run()
@@ -414,6 +417,25 @@ def run_server(
 
 
 APP = "tracestore.api.server:served_app"
+METRICS_DIR_PREFIX = "tracestore-metrics-"
+
+
+def remove_stale_metrics_dirs(parent: Path) -> list[Path]:
+    """Remove the metrics directories in `parent` of servers of this user that are gone
+    (killed before they could remove their own); the ones removed."""
+    removed = []
+    for path in parent.glob(f"{METRICS_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its server is gone
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:  # no such path any more, or a live process of another user
+            continue
+    return removed
 
 
 def served_app() -> FastAPI:
