@@ -35,13 +35,14 @@ def test_every_connection_has_the_lock_timeout(database: Database, engine: Engin
         assert _shown(own) == f"{int(PG_LOCK_TIMEOUT_S)}s"
     finally:
         own.dispose()
-    # The URL's own options win (0 turns the limit off).
-    url = make_url(database.url).update_query_dict({"options": "-c lock_timeout=0"})
-    unlimited = create_engine(url)
-    try:
-        assert _shown(unlimited) == "0"
-    finally:
-        unlimited.dispose()
+    # A value set elsewhere wins: the URL's options (as PGOPTIONS), 0 turning it off.
+    for given, shown in (("0", "0"), ("250", "250ms")):
+        url = make_url(database.url).update_query_dict({"options": f"-c lock_timeout={given}"})
+        other = create_engine(url)
+        try:
+            assert _shown(other) == shown
+        finally:
+            other.dispose()
 
 
 def test_an_ingest_behind_a_table_lock_fails_after_the_timeout(

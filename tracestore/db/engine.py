@@ -26,9 +26,22 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 # PostgreSQL waits for a lock without end by default: a post behind a table lock (a
 # migration's ALTER, a LOCK TABLE, a stuck transaction) held its client and its group
 # forever. A statement waits at most this long for a lock, as long as SQLite's writers
-# queue, then fails (503 `database_unavailable`, Retry-After: nothing was committed);
-# `?options=-c lock_timeout=...` in the URL sets another (0: no limit).
+# queue, then fails (503 `database_unavailable`, Retry-After: nothing was committed).
+# Set on each new connection only where nothing else set it (the server's configuration,
+# ALTER ROLE / DATABASE, PGOPTIONS, `?options=-c lock_timeout=...` in the URL all win):
+# a SET, not a startup option, which poolers (PgBouncer, Neon, Supabase) refuse and
+# which would replace PGOPTIONS.
 PG_LOCK_TIMEOUT_S = SQLITE_BUSY_TIMEOUT_S
+_PG_LOCK_TIMEOUT_SQL = (
+    "SELECT set_config('lock_timeout', %s, false) FROM pg_settings "
+    "WHERE name = 'lock_timeout' AND source = 'default'"
+)
+
+
+def _pg_lock_timeout(dbapi_connection: Any, _record: Any) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(_PG_LOCK_TIMEOUT_SQL, (f"{int(PG_LOCK_TIMEOUT_S * 1000)}ms",))
+    dbapi_connection.commit()
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -380,16 +393,13 @@ def create_engine(
         return engine
     if backend == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
-        pg_args: dict[str, Any] = {}
-        if "options" not in parsed.query:
-            pg_args["options"] = f"-c lock_timeout={int(PG_LOCK_TIMEOUT_S * 1000)}"
         engine = sa_create_engine(
             parsed,
             json_serializer=json_dumps_pg,
             json_deserializer=json_loads,
-            connect_args=pg_args,
             **kwargs,
         )
+        event.listen(engine, "connect", _pg_lock_timeout)
         if kwargs["pool_pre_ping"] and kwargs.get("poolclass") is not NullPool:
             QuietPing(engine).install()
         return engine
