@@ -229,13 +229,9 @@ def _raw_post(url: str, raw: bytes, cuts: list[int], pause: float) -> bytes:
     """POST `raw` over a socket of our own: the head, then the body cut at `cuts`, each
     piece `pause` s after the one before; the whole answer."""
     host, port = url.removeprefix("http://").split(":")
-    head = (
-        f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     ends = [*cuts, len(raw)]
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head)
+        sock.sendall(_head(len(raw)))
         for begin, end in zip([0, *cuts], ends, strict=True):
             time.sleep(pause)
             sock.sendall(raw[begin:end])
@@ -371,13 +367,9 @@ def _head_only(url: str, size: int) -> tuple[bytes, float]:
     """Send a post's head declaring `size` body bytes and none of them; the answer, and
     how long it took."""
     host, port = url.removeprefix("http://").split(":")
-    head = (
-        f"POST /v1/rollouts HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {size}\r\n\r\n"
-    ).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         started = time.monotonic()
-        sock.sendall(head)
+        sock.sendall(_head(size, close=False))
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
             chunk = sock.recv(65536)
@@ -436,12 +428,13 @@ def _exchange(url: str, data: bytes, pause_after: bytes | None = None, rest: byt
     return answer
 
 
-def _head(raw: bytes, *extra: str, close: bool = True) -> bytes:
+def _head(size: int, *extra: str, close: bool = True) -> bytes:
+    """A single post's head declaring a JSON body of `size` bytes (`extra` header lines)."""
     lines = [
         "POST /v1/rollouts HTTP/1.1",
         "Host: lane",
         "Content-Type: application/json",
-        f"Content-Length: {len(raw)}",
+        f"Content-Length: {size}",
         *extra,
         *(["Connection: close"] if close else []),
     ]
@@ -452,11 +445,12 @@ def test_expect_100_continue_and_pipelined_posts(database: Database, engine: Eng
     with LiveServer(Settings(database_url=database.url)) as live:
         raw = orjson.dumps(minimal_rollout("continued"))
         # The client waits for 100 Continue before it sends the body.
-        answer = _exchange(live.url, _head(raw, "Expect: 100-continue"), b"100 Continue", raw)
+        answer = _exchange(live.url, _head(len(raw), "Expect: 100-continue"), b"100 Continue", raw)
         assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 "), answer
         # Two posts in one write: answered in order, each stored.
         first, second = (orjson.dumps(minimal_rollout(f"piped-{i}")) for i in (1, 2))
-        answer = _exchange(live.url, _head(first, close=False) + first + _head(second) + second)
+        piped = _head(len(first), close=False) + first + _head(len(second)) + second
+        answer = _exchange(live.url, piped)
         statuses = re.findall(rb"HTTP/1.1 (\d+) ", answer)
         assert statuses == [b"201", b"201"], answer
         assert answer.index(b"piped-1") < answer.index(b"piped-2")
