@@ -23,7 +23,7 @@ import pytest
 from bench.common import tcp_sockets
 from tests.conftest import minimal_rollout
 from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess, child_pids
-from tracestore.api.server import METRICS_DIR_PREFIX, remove_stale_metrics_dirs
+from tracestore.api.server import METRICS_DIR_PREFIX, make_metrics_dir, remove_stale_metrics_dirs
 
 CLIENTS = 32
 
@@ -163,10 +163,39 @@ def test_a_killed_server_s_metrics_folder_goes_at_the_next_start(tmp_path: Path)
     for folder in (stale, live, other):
         folder.mkdir()
         (folder / "counter_1.db").write_bytes(b"x")
+    # Not ours to judge, and no reason to stop a server's start: digits of another
+    # script, a number past any pid, a link (its target is not followed), a file.
+    odd = [parent / f"{METRICS_DIR_PREFIX}{name}-x" for name in ("\u0663", "9" * 40)]
+    for folder in odd:
+        folder.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = parent / f"{METRICS_DIR_PREFIX}{gone.pid}-link"
+    link.symlink_to(target)
+    plain = parent / f"{METRICS_DIR_PREFIX}{gone.pid}-file"
+    plain.write_bytes(b"")
     assert remove_stale_metrics_dirs(parent) == [stale]
     assert not stale.exists()
     assert live.is_dir()
     assert other.is_dir()
+    assert all(folder.is_dir() for folder in odd)
+    assert link.is_symlink()
+    assert target.is_dir()
+    assert plain.is_file()
+    # With its lock: held, it is kept whatever its pid says (a server in another
+    # container sharing the directory, whose pid means nothing here); let go, it goes
+    # even when its pid names a live process (reused).
+    held_dir, held = make_metrics_dir(parent)
+    elsewhere = held_dir.rename(parent / f"{METRICS_DIR_PREFIX}{gone.pid}-elsewhere")
+    mine, let_go = make_metrics_dir(parent)
+    os.close(let_go)
+    assert mine.name.startswith(f"{METRICS_DIR_PREFIX}{os.getpid()}-")
+    try:
+        assert remove_stale_metrics_dirs(parent) == [mine]
+        assert elsewhere.is_dir()
+    finally:
+        os.close(held)
+    assert remove_stale_metrics_dirs(parent) == [elsewhere]
     # And a real server's: killed outright, then a server started again removes it.
     env = {"TMPDIR": str(parent)}
     store = f"sqlite:///{tmp_path / 'store.db'}"

@@ -23,11 +23,13 @@ the answer. `GuardedHttpToolsProtocol` adds, per connection:
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import os
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -397,18 +399,19 @@ def run_server(
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     # /metrics sums every worker's counters from files here (tracestore/metrics.py); a new
     # directory each time, so a restarted server does not count its last run's requests.
-    # Named by this process's pid: a SIGKILL leaves it behind, and the next start of a
-    # server removes it.
+    # Locked by this process while it serves: a SIGKILL leaves it behind, and the next
+    # start of a server removes it.
     previous = os.environ.get(MULTIPROC_ENV)
     remove_stale_metrics_dirs(Path(tempfile.gettempdir()))
-    metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
-    os.environ[MULTIPROC_ENV] = metrics_dir
+    metrics_dir, held = make_metrics_dir(Path(tempfile.gettempdir()))
+    os.environ[MULTIPROC_ENV] = str(metrics_dir)
     try:
         Multiprocess(config, sockets=[sock]).run()
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
+        os.close(held)
         if previous is None:
             os.environ.pop(MULTIPROC_ENV, None)
         else:
@@ -420,22 +423,71 @@ APP = "tracestore.api.server:served_app"
 METRICS_DIR_PREFIX = "tracestore-metrics-"
 
 
+METRICS_DIR_LOCK = ".held"
+
+
+def make_metrics_dir(parent: Path) -> tuple[Path, int]:
+    """A new metrics directory in `parent` for this server, and the descriptor of the
+    lock on it this process holds while it serves (close it to let the directory go)."""
+    path = Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=parent))
+    # Locked under another name, then renamed: a lock file found is always one taken.
+    taking = path / f"{METRICS_DIR_LOCK}.new"
+    held = os.open(taking, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    taking.rename(path / METRICS_DIR_LOCK)
+    return path, held
+
+
 def remove_stale_metrics_dirs(parent: Path) -> list[Path]:
     """Remove the metrics directories in `parent` of servers of this user that are gone
     (killed before they could remove their own); the ones removed."""
     removed = []
     for path in parent.glob(f"{METRICS_DIR_PREFIX}*-*"):
-        pid = path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0]
         try:
-            if not pid.isdigit() or path.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # its server is gone
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        except OSError:  # no such path any more, or a live process of another user
+            info = path.lstat()  # a link of that name is not one of ours: not followed
+        except OSError:
             continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or _serving(path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
     return removed
+
+
+def _serving(path: Path) -> bool:
+    """Whether the server of a metrics directory may still run (when unsure: yes).
+
+    The supervisor holds the lock in it while it serves (exact, across containers sharing
+    this directory too, where a pid means nothing); a directory without one (made a
+    moment ago, or before the lock existed) is judged by the pid in its name.
+    """
+    try:
+        lock = os.open(path / METRICS_DIR_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return _pid_alive(path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0])
+    except OSError:
+        return True
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # held: its server runs
+        return True
+    finally:
+        os.close(lock)
+    return False
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether `pid` (text) may name a live process (when unsure, or not a pid: yes)."""
+    if not (pid.isascii() and pid.isdigit()):
+        return True  # not named by a pid: not one of ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # a live process of another user, or past any pid
+        return True
+    return True
 
 
 def served_app() -> FastAPI:
