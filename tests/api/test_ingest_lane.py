@@ -27,7 +27,9 @@ from sqlalchemy.engine import make_url
 
 from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
 from tracestore.api.lane import IngestLane
-from tracestore.api.limits import InflightLimit
+from tracestore.api.limits import InflightLimit, Ticket
+from tracestore.api.routes.rollouts import _GROUP
+from tracestore.ingest.group import GroupCommit
 from tracestore.settings import Settings
 
 KEY = "k-lane"
@@ -283,6 +285,103 @@ def test_a_body_still_arriving_goes_down_the_whole_path_with_its_charge(
         assert bound is not None
         assert (bound.inflight, bound.refused, bound.timed_out) == (0, 0, 0)
         assert not bound._live
+
+
+def _charged(bound: InflightLimit, size: int) -> list[Ticket]:
+    return [ticket for ticket in bound._live.values() if ticket.charge == size]
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_handed_down_post_keeps_the_ticket_the_lane_charged(
+    database: Database, engine: Engine
+) -> None:
+    # The same ticket before and after the hand-down (not released and charged afresh,
+    # which would lose its place as the oldest and its clock for the body's rate), and
+    # the middleware counts the first half, replayed, on it.
+    with LiveServer(Settings(database_url=database.url)) as live:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            client.get("/health")  # builds the stack
+        taken = lane_of(live)
+        assert taken is not None
+        bound = taken._bound()
+        assert bound is not None
+        raw = orjson.dumps(minimal_rollout("kept-ticket"))
+        half = len(raw) // 2
+        host, port = live.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(_head(len(raw)))
+            # (The GET's ticket may linger a moment after its answer: the one with our charge.)
+            _until(lambda: _charged(bound, len(raw)), "the lane did not charge the head")
+            (charged,) = _charged(bound, len(raw))
+            assert charged.received == 0
+            sock.sendall(raw[:half])
+            _until(lambda: charged.received == half, "the first half was not counted")
+            (held,) = _charged(bound, len(raw))
+            assert held is charged
+            assert bound.inflight == len(raw)
+            sock.sendall(raw[half:])
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 201 "), answer
+        assert taken.served == 0
+        assert (bound.inflight, bound._live) == (0, {})
+
+
+def _group(live: LiveServer) -> GroupCommit:
+    app = live.server.config.app
+    assert isinstance(app, FastAPI)
+    group = getattr(app.state, _GROUP, None)
+    assert isinstance(group, GroupCommit)
+    return group
+
+
+def test_a_post_refused_before_its_submit_does_not_hold_its_group(
+    database: Database, engine: Engine
+) -> None:
+    # A group waits (up to the group-commit wait) for a post whose body is arriving. When
+    # that post is then refused before it joins (413 on its parsed size here), the group
+    # is written at once, not after the wait: a minute here, so waiting it out fails.
+    settings = Settings(
+        database_url=database.url, max_parsed_bytes=100_000, group_commit_wait_ms=60_000
+    )
+    too_many = orjson.dumps(minimal_rollout("refused-late", filler=[{}] * 3_000))
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
+        client.get("/health")  # builds the stack
+        taken = lane_of(live)
+        assert taken is not None
+        bound = taken._bound()
+        assert bound is not None
+        host, port = live.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=120) as sock:
+            sock.sendall(_head(len(too_many)))
+            _until(lambda: _charged(bound, len(too_many)), "the lane did not take the head")
+            done: list[httpx.Response] = []
+            other = threading.Thread(
+                target=lambda: done.append(
+                    client.post("/v1/rollouts", json=minimal_rollout("joined-early"))
+                )
+            )
+            other.start()
+            # The other post joins the group, which then waits for the one arriving.
+            _until(lambda: len(_group(live)._pending) == 1, "the other post did not join")
+            assert _group(live)._timer is not None
+            sock.sendall(too_many)  # whole, in one piece: the lane reads it, then refuses
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            refused_at = time.monotonic()
+        assert answer.startswith(b"HTTP/1.1 413 "), answer
+        other.join(timeout=30)
+        assert not other.is_alive(), "the group waited for the refused post"
+        assert time.monotonic() - refused_at < 30
+        assert [r.status_code for r in done] == [201]
 
 
 def test_a_fault_inside_the_write_answers_as_on_the_whole_path(

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from tracestore.api.limits import InflightLimit
+from tracestore.api.limits import HANDED_TICKET, InflightLimit
 
 TIMEOUT_S = 0.3
 TICK_S = TIMEOUT_S / 10  # the sweep's interval for this timeout
@@ -141,3 +141,35 @@ def test_a_cancel_swallowed_before_the_body_does_not_hide_the_timeout() -> None:
     client = asyncio.run(scenario())
     assert _status(client) == 408
     assert limit.inflight == 0
+
+
+def test_a_handed_ticket_is_released_once_whoever_releases_it() -> None:
+    # The ingest lane admits a post, hands its ticket down in the scope, and releases it
+    # again once the app returned (in case no middleware adopted it): the second release
+    # must neither count twice nor fail.
+    app = Reader()
+    limit = InflightLimit(app, limit=10_000, max_body=10_000, body_timeout=TIMEOUT_S)
+    ticket = limit.admit(100)
+    assert ticket is not None
+    assert limit.inflight == 100
+    body = {"type": "http.request", "body": b"x" * 100, "more_body": False}
+
+    async def receive() -> Message:
+        return body
+
+    async def send(message: Message) -> None:
+        raise AssertionError(message)  # the reader answers nothing
+
+    scope = {**_scope(), HANDED_TICKET: ticket}
+    asyncio.run(limit(scope, receive, send))
+    assert app.messages == [body]
+    assert (limit.inflight, limit._live) == (0, {})  # adopted, then released on its way out
+    limit.release(ticket)
+    assert (limit.inflight, limit._live) == (0, {})
+    # Never adopted (a layer above answered, or passed a copy of the scope down): the
+    # owner's release frees it.
+    kept = limit.admit(300)
+    assert kept is not None
+    assert limit.inflight == 300
+    limit.release(kept)
+    assert (limit.inflight, limit._live) == (0, {})

@@ -128,12 +128,12 @@ class IngestLane:
         ):
             await self.app(scope, receive, send)
             return
+        group = group_commit(self.owner, state)
+        metrics = state.observability.metrics
         ticket = bound.admit(size)
         if ticket is None:  # the bound is full: the middleware refuses it
             await self.app(scope, receive, send)
             return
-        group = group_commit(self.owner, state)
-        metrics = state.observability.metrics
         try:
             # As ingest_one reads it: a group about to be written waits for this body.
             # Submitted at once when it came, so its end starts no write of its own (a
@@ -158,7 +158,12 @@ class IngestLane:
             # the oldest, its clock for the body's rate) and its clock for the metrics.
             scope[HANDED_TICKET] = ticket
             scope[STARTED] = start
-            await self.app(scope, _replaying(taken, receive), send)
+            try:
+                await self.app(scope, _replaying(taken, receive), send)
+            finally:
+                # InflightLimit adopts and releases it; a layer that answered without
+                # calling down (or passed on a copy of the scope) would have leaked it.
+                bound.release(ticket)
             return
         try:
             await self._ingest(scope, receive, send, state, group, body, start)
@@ -176,6 +181,7 @@ class IngestLane:
         start: float,
     ) -> None:
         status = 500  # an error no handler answers: ServerErrorMiddleware's 500
+        submitted = False
         # As the router would have set them: the handlers and the metrics read the route.
         scope["router"] = self.owner.router
         scope["route"] = self.route
@@ -188,6 +194,7 @@ class IngestLane:
                 # ingest of this worker (a bounded wait, else 503), then stored with the
                 # posts arriving with it and answered once their transaction committed.
                 async with state.lanes.parsing.hold(cost, lambda: parsed_estimate(body)):
+                    submitted = True  # submit adds it to the group before it waits
                     result = await group.submit(body)
             except Exception as exc:
                 response = await self.handlers.answer(Request(scope, receive, send), exc)
@@ -209,6 +216,11 @@ class IngestLane:
             )
             await send({"type": "http.response.body", "body": data})
         finally:
+            if not submitted:
+                # Refused before its submit (413 on its parsed size, the parse budget
+                # busy, cancelled): a group waiting for this post need not wait out its
+                # timer (its arriving() ended quietly, counting on the submit).
+                group.kick()
             observe_ingest(state.observability.metrics, status, time.perf_counter() - start)
 
 

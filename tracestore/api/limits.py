@@ -201,9 +201,11 @@ class InflightLimit:
         return ticket
 
     def release(self, ticket: Ticket) -> None:
-        """Give back what `admit` charged."""
-        self.inflight -= ticket.charge
-        del self._live[id(ticket)]
+        """Give back what `admit` charged (once: a ticket released already is let be)."""
+        # Idempotent: the lane releases a ticket it handed down once the app returns,
+        # whether or not this middleware adopted (and released) it on the way.
+        if self._live.pop(id(ticket), None) is not None:
+            self.inflight -= ticket.charge
 
     def _stalled(self) -> str:
         return f"the request body stalled: nothing arrived for {self.body_timeout:g} s"
@@ -278,7 +280,6 @@ class InflightLimit:
             # Admitted by the ingest lane, which took no body-less, encoded or chunked
             # request: its charge, its place among the requests in flight, its clock.
             ticket = handed
-            key = id(ticket)
         else:
             ticket = Ticket()
             declared, chunked, encoding = _body_head(scope)
@@ -295,8 +296,7 @@ class InflightLimit:
                 return
             self.inflight += reserve
             ticket.charge = reserve
-            key = id(ticket)
-            self._live[key] = ticket
+            self._live[id(ticket)] = ticket
 
         async def cut(answer: tuple[Message, Message]) -> Message:
             # Answer for the app (unless it answered already) and tell it the client left,
@@ -361,8 +361,7 @@ class InflightLimit:
             # already) or the client did leave: nobody is waiting for an answer, so this
             # is not an error to log (the bytes it held are released below).
         finally:
-            self.inflight -= ticket.charge
-            del self._live[key]
+            self.release(ticket)
 
 
 def install(app: FastAPI, settings: Settings) -> None:
