@@ -8,6 +8,7 @@ deeper than Python's parser goes.
 
 from __future__ import annotations
 
+import ast
 import sqlite3
 import subprocess
 import sys
@@ -250,3 +251,22 @@ def test_an_experiment_row_not_utf8_leaves_its_sessions_without_it(tmp_path: Pat
             assert lost["kind"] == "lost"
             assert "column 'description'" in lost["detail"]
             assert built.doc[IMPORT_KEY]["lossless"] is False
+
+
+def test_an_unreadable_id_is_shown_escaped_as_a_literal(tmp_path: Path) -> None:
+    # Its text was shown with only the bad bytes escaped: a quote ended the summary's
+    # quoting early, a newline broke its line, and a backslash read as an escape.
+    # "a'b" LF 0xFF "\x41": as the literal 'a\'b\n\xff\\x41'.
+    path = _synth_db(
+        tmp_path / "synth.db",
+        [{"session_id": "CAST(X'6127620AFF5C783431' AS TEXT)"}, {"session_id": "'ok-1'"}],
+    )
+    found = _outcomes(path, 64)
+    shown = "a\\'b\\n\\xff\\\\x41"
+    assert set(found) == {shown, "ok-1"}
+    assert isinstance(found[shown], Unreadable)
+    # A Python literal again: it reads back to the id (its bad byte as the character U+00FF).
+    assert ast.literal_eval(f"'{shown}'") == "a'b\n\xff\\x41"
+    done = _import(path, f"sqlite:///{tmp_path / 'store.db'}")
+    assert done.returncode == 2, done.stderr
+    assert f"session '{shown}'" in done.stdout, done.stdout

@@ -183,7 +183,7 @@ def synth_db(
 
 def _quoted(session_id: object) -> str:
     """The id as the summary names it: quoted, and an unreadable one's escapes (already
-    its text, `h\\xffi`) shown once, not doubled as repr doubles them."""
+    its text, `h\\xffi`, escaped as repr would) shown once, not doubled by repr."""
     from tracestore.ingest.synth_db import UnreadableId  # lazy, as the command's imports
 
     if isinstance(session_id, UnreadableId):

@@ -191,12 +191,28 @@ class UnreadableId(str):
         return self
 
 
+def _escaped(value: bytes) -> str:
+    """`value` as the inside of a quoted Python literal: its text as UTF-8, each byte that
+    is not as `\\xNN`, a quote, backslash or control character escaped as repr does."""
+    shown = []
+    for char in value.decode("utf-8", "surrogateescape"):
+        if "\udc80" <= char <= "\udcff":  # a byte that is not UTF-8
+            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif char in "'\\":
+            shown.append("\\" + char)
+        elif char.isprintable():
+            shown.append(char)
+        else:
+            shown.append(repr(char)[1:-1])
+    return "".join(shown)
+
+
 def _session_id(value: object, kind: bytes) -> Any:
     """One session_id of the session list, read as bytes: text that is UTF-8 as its str,
     a number as itself (its children are keyed by the same number)."""
     if not isinstance(value, bytes):
         return value
-    shown = value.decode("utf-8", "backslashreplace")
+    shown = _escaped(value)
     # The SQL literal finds the row in the sqlite3 shell, whatever its bytes.
     literal = f"X'{value.hex().upper()}'"
     if kind == b"blob":
