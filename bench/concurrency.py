@@ -494,12 +494,20 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile(backend: str, kind: str, clients: int, n: int, out: Path, batch: bool = False) -> str:
+def profile(
+    backend: str,
+    kind: str,
+    clients: int,
+    n: int,
+    out: Path,
+    batch: bool = False,
+    env: dict[str, str] | None = None,
+) -> str:
     """py-spy (`pip install py-spy`; not a dependency) on ONE worker while `clients` post
     `n` rollouts: samples of the threads holding the GIL (what costs CPU), summarized as
     each function's inclusive share. The raw stacks go to `out`."""
     seeds = Seeds()
-    with fresh_database(backend) as url, serve(url, workers=1) as (base, pid):
+    with fresh_database(backend) as url, serve(url, env, workers=1) as (base, pid):
         measure(base, pid, seeds.take(kind, 40), 4, batch=False)  # warm-up
         spy = subprocess.Popen(
             [str(Path(TRACESTORE).parent / "py-spy"), "record", "-p", str(pid), *SPY, str(out)],
@@ -559,15 +567,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         "20-40%% between runs on a shared machine)",
     )
     args = parser.parse_args(argv)
+    if args.scale < 1:
+        parser.error("--scale must be 1 or more")
+    if bad := [item for item in args.env if "=" not in item]:
+        parser.error(f"--env {bad[0]}: give NAME=VALUE")
+    env = dict(item.split("=", 1) for item in args.env)
     if args.profile:
         print(
             profile(
                 "sqlite" if args.db == "both" else args.db,
                 args.corpus[0],
                 (args.clients or [32])[0],
-                1500 if args.corpus[0] == "single" else 300,
+                args.scale * (1500 if args.corpus[0] == "single" else 300),
                 Path(args.profile),
                 batch=args.batch,
+                env=env,
             )
         )
         return
@@ -578,9 +592,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "postgresql" in backends and not pg_available():
         print("PostgreSQL is unreachable: measuring SQLite only")
         backends.remove("postgresql")
-    env = dict(item.split("=", 1) for item in args.env)
-    if args.scale < 1:
-        parser.error("--scale must be 1 or more")
     results = run(size, backends, env, clients=args.clients, kinds=args.corpus, scale=args.scale)
     name = args.out or ("concurrency" if size == "full" else f"concurrency-{size}")
     RESULTS.mkdir(exist_ok=True)
