@@ -346,8 +346,10 @@ def write_fault(
             f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             f"IF (SELECT run_id FROM runs WHERE id = NEW.run_pk) = '{quoted}' THEN "
             f"{fail}; END IF; RETURN NEW; END $$",
-            f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
-            f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+            # AFTER: at the end of the statement, when the run's row is visible even if
+            # one statement wrote both (db/bulk.py `combined_insert`); a BEFORE trigger's
+            # query cannot see rows its own statement inserts.
+            f"CREATE TRIGGER {name} AFTER INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}()",
         ]
         drop = [f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {name}()"]
     else:

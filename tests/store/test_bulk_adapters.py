@@ -208,6 +208,22 @@ def test_a_refused_row_raises_sqlalchemys_integrity_error(
     assert connection.execute(select(RUNS.c.id)).all() == []
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_child_without_its_parent_is_refused(connection: Connection, path: str) -> None:
+    """The foreign keys hold on every path, also where every table's rows go in one
+    statement (the pipeline path on PostgreSQL: PostgreSQL checks them at its end)."""
+    runs, documents = _rows(RUNS), _rows(DOCUMENTS)
+    documents[-1]["run_pk"] = max(r["id"] for r in runs) + 1000  # no such run
+    with pytest.raises(IntegrityError), connection.begin_nested():
+        bulk_insert_all(connection, [(RUNS, runs), (DOCUMENTS, documents)], PATHS[path])
+    assert connection.execute(select(RUNS.c.id)).all() == []
+    # Without the orphan, the others go in.
+    with connection.begin_nested() as savepoint:
+        bulk_insert_all(connection, [(RUNS, runs), (DOCUMENTS, documents[:-1])], PATHS[path])
+        assert len(connection.execute(select(DOCUMENTS.c.run_pk)).all()) == ROWS - 1
+        savepoint.rollback()
+
+
 @pytest.mark.parametrize("path", ["copy", "pipeline"])
 def test_a_lost_connection_is_sqlalchemys_and_never_reused(
     backend: str, database: Database, path: str

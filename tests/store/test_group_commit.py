@@ -167,7 +167,7 @@ def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> N
     """The group's rollouts share the fast path's one savepoint: none around the whole
     group, none per rollout, never released; on PostgreSQL the group is five round trips
     (BEGIN; the look-up with the savepoint; the keys; the rows; COMMIT), where it was
-    seven."""
+    seven, and the rows one statement."""
     with driver_messages(engine) as seen:
         outcomes = store_group(engine, [_raw(f"one-{i}") for i in range(3)])
     assert [o.status for o in outcomes if isinstance(o, IngestResult)] == ["created"] * 3
@@ -178,6 +178,12 @@ def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> N
         # wait for the server: one round trip.
         waits = [m for m in seen if m.split("\t")[2] in ("Sync", "Query")]
         assert len(waits) == 5, seen
+        # And five statements before the COMMIT: the rows of every table go in one
+        # (db/bulk.py combined_insert), where each table's was one (ten statements).
+        executes = [m for m in seen if m.split("\t")[2] == "Execute"]
+        assert len(executes) == 5, seen
+        (rows,) = [m for m in seen if m.split("\t")[2] == "Parse" and "INSERT" in m]
+        assert 'WITH w0 AS (INSERT INTO "runs"' in rows
     assert all(_visible(fresh, f"one-{i}") is not None for i in range(3))
 
 
