@@ -162,6 +162,27 @@ MAX_INGEST_SEQ_SQL = (
     "coalesce((SELECT max(ingest_seq) FROM run_deletions), 0))"
 )
 MAX_INGEST_SEQ = text(MAX_INGEST_SEQ_SQL)
+# PostgreSQL: the keys of the rollouts of a chunk that the look-up will not find, in the
+# look-up's round trip (db/bulk.py `open_write`), where they took a round trip of their
+# own after it. Counted from the chunk's run_ids (each id's first rollout, as
+# `_store_many` writes it) and their rows per table, taken only for the ids not stored: a
+# sequence's value is taken for good, and keys taken for a stored run_id would give the
+# same posts other keys than on SQLite (tests/reports/test_identical.py).
+_KEYED = (RUNS.name, TRAJECTORIES.name, TRACES.name, TIME_STEPS.name)  # as _wanted's
+_FRESH_KEYS_PG = (
+    "WITH fresh AS (SELECT DISTINCT ON (u.run_id) u.n1, u.n2, u.n3 "
+    "FROM unnest(%s::text[], %s::int8[], %s::int8[], %s::int8[]) "
+    "WITH ORDINALITY AS u(run_id, n1, n2, n3, ord) "
+    "WHERE NOT EXISTS (SELECT FROM runs WHERE runs.run_id = u.run_id) "
+    "ORDER BY u.run_id, u.ord), "
+    "wanted AS (SELECT count(*) AS n0, coalesce(sum(n1), 0) AS n1, "
+    "coalesce(sum(n2), 0) AS n2, coalesce(sum(n3), 0) AS n3 FROM fresh) "
+    + " UNION ALL ".join(
+        f"SELECT {i}, nextval(pg_get_serial_sequence('{table}', 'id')) "
+        f"FROM generate_series(1, (SELECT n{i} FROM wanted))"
+        for i, table in enumerate(_KEYED)
+    )
+)
 _RECEIVED = {
     "origin": "received",
     "converter": None,
@@ -382,6 +403,17 @@ def write_many(
     bulk_insert_all(conn, [*out.items(), *drift])
 
 
+def _top_up(conn: Connection, keys: list[list[int]], wanted: Sequence[tuple[Table, int]]) -> None:
+    """Add the keys `wanted` that the look-up's round trip did not take: for a run_id
+    the look-up did not find and its keys' statement, a moment later, did (another
+    transaction stored it in between: each statement reads the database as it is when it
+    starts). Its write then fails on the unique run_id, and the rollouts go alone."""
+    short = [(table, max(0, n - len(have))) for (table, n), have in zip(wanted, keys, strict=True)]
+    if any(n for _table, n in short):
+        for have, more in zip(keys, allocate_ids_many(conn, short), strict=True):
+            have.extend(more)
+
+
 def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult]:
     """Store several prepared rollouts in the caller's transaction, each standing alone.
 
@@ -411,16 +443,35 @@ def _store_many(
     ids = [p.doc["run_id"] for p in chunk]
     # The look-up and the savepoint of the write together (one round trip on PostgreSQL);
     # on SQLite the keys too, for the whole chunk (a stored run_id's go unused).
-    wanted: list[tuple[Table, int]] = []  # PostgreSQL's keys come later (open_write)
-    if conn.dialect.name == "postgresql":
-        reads: list[tuple[str, Sequence[Any]]] = [(_FIND_RUNS_PG, [[pg_safe(i) for i in ids]])]
+    wanted: list[tuple[Table, int]] = []  # PostgreSQL's keys come with the look-up
+    postgresql = conn.dialect.name == "postgresql"
+    if postgresql:
+        safe = [pg_safe(i) for i in ids]
+        reads: list[tuple[str, Sequence[Any]]] = [
+            (_FIND_RUNS_PG, [safe]),
+            (
+                _FRESH_KEYS_PG,
+                [
+                    safe,
+                    [len(p.rows.trajectories) for p in chunk],
+                    [len(p.rows.traces) for p in chunk],
+                    [sum(len(t.time_steps) for t in p.rows.traces) for p in chunk],
+                ],
+            ),
+        ]
     else:
         marks = ", ".join("?" * len(ids))
         reads = [(f"{_FIND_RUNS_SQL}IN ({marks})", ids), (MAX_INGEST_SEQ_SQL, ())]
         wanted = _wanted(chunk)
     rows, keys = open_write(conn, reads, wanted)
     found = {r[-1]: _StoredRun(*r) for r in rows[0]}
-    seq_start = rows[1][0][0] if len(rows) > 1 else None
+    seq_start = None
+    if postgresql:
+        keys = [[] for _ in _KEYED]
+        for table, key in rows[1]:
+            keys[table].append(key)
+    else:
+        seq_start = rows[1][0][0]
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
     for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
@@ -436,7 +487,10 @@ def _store_many(
         try:
             # SQLite's keys were allocated for the chunk in its order: the fresh ones are
             # written with the first of them (write_many takes what it needs).
-            write_many(conn, [chunk[i] for i in fresh.values()], datetime.now(UTC), keys, seq_start)
+            items = [chunk[i] for i in fresh.values()]
+            if postgresql and keys is not None:
+                _top_up(conn, keys, _wanted(items))
+            write_many(conn, items, datetime.now(UTC), keys, seq_start)
         except IntegrityError:
             undo_write(conn)  # the slow path below decides each one
         except Exception:
