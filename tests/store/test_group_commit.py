@@ -211,9 +211,10 @@ def test_keys_the_look_up_did_not_take_are_taken_after_it(
     is made here by dropping the keys' statement's last run key."""
     if engine.dialect.name != "postgresql":
         pytest.skip("SQLite takes its keys under its write lock, from max(id)")
+    from tracestore.db import bulk
     from tracestore.store import rollouts
 
-    real = rollouts.open_write
+    real = bulk.open_write
 
     def racing(conn: Any, reads: Any, wanted: Any) -> Any:
         rows, keys = real(conn, reads, wanted)
