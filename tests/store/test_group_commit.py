@@ -178,10 +178,12 @@ def test_a_group_is_written_in_one_savepoint(engine: Engine, fresh: Engine) -> N
         # wait for the server: one round trip.
         waits = [m for m in seen if m.split("\t")[2] in ("Sync", "Query")]
         assert len(waits) == 4, seen
-        # And five statements before the COMMIT: the rows of every table go in one
-        # (db/bulk.py combined_insert), where each table's was one (ten statements).
+        # And four statements before the COMMIT (BEGIN; the look-up with the keys; the
+        # savepoint; the rows): the rows of every table go in one (db/bulk.py
+        # combined_insert), where each table's was one, and the keys come with the
+        # look-up (ten statements before).
         executes = [m for m in seen if m.split("\t")[2] == "Execute"]
-        assert len(executes) == 5, seen
+        assert len(executes) == 4, seen
         (rows,) = [m for m in seen if m.split("\t")[2] == "Parse" and "INSERT" in m]
         assert 'WITH w0 AS (INSERT INTO "runs"' in rows
     assert all(_visible(fresh, f"one-{i}") is not None for i in range(3))
@@ -200,42 +202,6 @@ def test_a_stored_run_id_takes_no_keys(engine: Engine) -> None:
         rows = conn.execute(text("SELECT run_id, id FROM runs")).all()
     keys: dict[str, int] = dict(rows)
     assert [keys["second"], keys["third"]] == [keys["first"] + 1, keys["first"] + 2]
-
-
-def test_keys_the_look_up_did_not_take_are_taken_after_it(
-    engine: Engine, fresh: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On PostgreSQL the keys come with the look-up, counted by a statement of their own:
-    when it counts fewer new runs than the look-up found (another transaction stored one
-    between the two statements), the missing keys are taken before the write. The race
-    is made here by dropping the keys' statement's last run key."""
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite takes its keys under its write lock, from max(id)")
-    from tracestore.db import bulk
-    from tracestore.store import rollouts
-
-    real = bulk.open_write
-
-    def racing(conn: Any, reads: Any, wanted: Any) -> Any:
-        rows, keys = real(conn, reads, wanted)
-        run_keys = [row for row in rows[1] if row[0] == 0]
-        rows[1].remove(run_keys[-1])
-        return rows, keys
-
-    monkeypatch.setattr(rollouts, "open_write", racing)
-    raws = [_raw(f"short-{i}") for i in range(3)]
-    with driver_messages(engine) as seen:
-        outcomes = store_group(engine, raws)
-    assert [o.status for o in outcomes if isinstance(o, IngestResult)] == ["created"] * 3
-    # Written together (not each alone after a failed write, in savepoints of their own).
-    assert len([m for m in seen if "SAVEPOINT" in m]) == 1, seen
-    with fresh.connect() as conn:
-        keys = conn.execute(
-            text("SELECT id FROM runs WHERE run_id LIKE 'short-%' ORDER BY run_id")
-        ).scalars()
-        assert len(set(keys)) == 3
-    for i, raw in enumerate(raws):
-        assert _visible(fresh, f"short-{i}") == raw
 
 
 def test_a_write_on_a_connection_not_yet_begun_is_committed(engine: Engine, fresh: Engine) -> None:

@@ -334,9 +334,11 @@ def open_write(
     worker's CPU and more of the server's (psycopg still waits for the transaction's BEGIN
     on its own: a pipeline syncs after it). Its keys are not taken here: a sequence's
     values are taken for good, so keys taken before the look-up for a run_id it then finds
-    stored would be lost, and the same rollouts would get other keys than on SQLite. On
-    SQLite, on the driver: SQLAlchemy's own cost per statement was a part of a group's
-    fixed cost (bench/README.md item 20); keys from max(id) take nothing from anyone.
+    stored would be lost, and the same rollouts would get other keys than on SQLite; the
+    ingest's read takes them itself, for the run_ids it does not find (store/rollouts.py
+    `_FIND_AND_KEY_PG`). On SQLite, on the driver: SQLAlchemy's own cost per statement was
+    a part of a group's fixed cost (bench/README.md item 20); keys from max(id) take
+    nothing from anyone.
     """
     if not conn.in_transaction():
         # As SQLAlchemy's first statement would (its autobegin): the driver's statements

@@ -152,7 +152,6 @@ class _StoredRun(NamedTuple):
 # A chunk's run_ids looked up at once, on the driver (db/bulk.py `open_write`): on
 # PostgreSQL as one array (one statement text whatever the chunk's size).
 _FIND_RUNS_SQL = f"SELECT {', '.join(_StoredRun._fields)} FROM runs WHERE run_id "
-_FIND_RUNS_PG = _FIND_RUNS_SQL + "= ANY(%s)"
 _INSERT_TRACE = insert(TRACES).returning(TRACES.c.id)
 # The highest ingest sequence given so far on SQLite, deleted runs' included: else a run
 # stored after the newest was deleted would reuse its sequence, one a lake export has
@@ -162,24 +161,29 @@ MAX_INGEST_SEQ_SQL = (
     "coalesce((SELECT max(ingest_seq) FROM run_deletions), 0))"
 )
 MAX_INGEST_SEQ = text(MAX_INGEST_SEQ_SQL)
-# PostgreSQL: the keys of the rollouts of a chunk that the look-up will not find, in the
-# look-up's round trip (db/bulk.py `open_write`), where they took a round trip of their
-# own after it. Counted from the chunk's run_ids (each id's first rollout, as
-# `_store_many` writes it) and their rows per table, taken only for the ids not stored: a
-# sequence's value is taken for good, and keys taken for a stored run_id would give the
-# same posts other keys than on SQLite (tests/reports/test_identical.py).
+# PostgreSQL: the look-up, and the keys of the rollouts it does not find, in one statement
+# (in the pipeline of db/bulk.py `open_write`), where the keys took a round trip of their
+# own after it. One statement: the keys are counted from the very rows the look-up found
+# (one snapshot), and `runs` is read once. Each found run is a row (-1, its columns); each
+# key a row (its table's place in `_wanted`, the key, NULLs). Counted from the chunk's
+# run_ids not found (each id's first rollout, as `_store_many` writes it) and their rows
+# per table: a sequence's value is taken for good, and keys taken for a stored run_id would
+# give the same posts other keys than on SQLite (tests/reports/test_identical.py).
 _KEYED = (RUNS.name, TRAJECTORIES.name, TRACES.name, TIME_STEPS.name)  # as _wanted's
-_FRESH_KEYS_PG = (
-    "WITH fresh AS (SELECT DISTINCT ON (u.run_id) u.n1, u.n2, u.n3 "
-    "FROM unnest(%s::text[], %s::int8[], %s::int8[], %s::int8[]) "
+_FIND_AND_KEY_PG = (
+    f"WITH found AS MATERIALIZED ({_FIND_RUNS_SQL}= ANY(%(ids)s)), "
+    "fresh AS (SELECT DISTINCT ON (u.run_id) u.n1, u.n2, u.n3 "
+    "FROM unnest(%(ids)s::text[], %(n1)s::int8[], %(n2)s::int8[], %(n3)s::int8[]) "
     "WITH ORDINALITY AS u(run_id, n1, n2, n3, ord) "
-    "WHERE NOT EXISTS (SELECT FROM runs WHERE runs.run_id = u.run_id) "
+    "WHERE NOT EXISTS (SELECT FROM found WHERE found.run_id = u.run_id) "
     "ORDER BY u.run_id, u.ord), "
     "wanted AS (SELECT count(*) AS n0, coalesce(sum(n1), 0) AS n1, "
     "coalesce(sum(n2), 0) AS n2, coalesce(sum(n3), 0) AS n3 FROM fresh) "
-    + " UNION ALL ".join(
-        f"SELECT {i}, nextval(pg_get_serial_sequence('{table}', 'id')) "
-        f"FROM generate_series(1, (SELECT n{i} FROM wanted))"
+    f"SELECT -1, {', '.join(_StoredRun._fields)} FROM found"
+    + "".join(
+        f" UNION ALL SELECT {i}, nextval(pg_get_serial_sequence('{table}', 'id')), "
+        + ", ".join(["NULL"] * (len(_StoredRun._fields) - 1))
+        + f" FROM generate_series(1, (SELECT n{i} FROM wanted))"
         for i, table in enumerate(_KEYED)
     )
 )
@@ -403,17 +407,6 @@ def write_many(
     bulk_insert_all(conn, [*out.items(), *drift])
 
 
-def _top_up(conn: Connection, keys: list[list[int]], wanted: Sequence[tuple[Table, int]]) -> None:
-    """Add the keys `wanted` that the look-up's round trip did not take: for a run_id
-    the look-up did not find and its keys' statement, a moment later, did (another
-    transaction stored it in between: each statement reads the database as it is when it
-    starts). Its write then fails on the unique run_id, and the rollouts go alone."""
-    short = [(table, max(0, n - len(have))) for (table, n), have in zip(wanted, keys, strict=True)]
-    if any(n for _table, n in short):
-        for have, more in zip(keys, allocate_ids_many(conn, short), strict=True):
-            have.extend(more)
-
-
 def store_many(conn: Connection, chunk: Sequence[Prepared]) -> list[IngestResult]:
     """Store several prepared rollouts in the caller's transaction, each standing alone.
 
@@ -447,30 +440,33 @@ def _store_many(
     postgresql = conn.dialect.name == "postgresql"
     if postgresql:
         safe = [pg_safe(i) for i in ids]
-        reads: list[tuple[str, Sequence[Any]]] = [
-            (_FIND_RUNS_PG, [safe]),
+        reads: list[tuple[str, Any]] = [
             (
-                _FRESH_KEYS_PG,
-                [
-                    safe,
-                    [len(p.rows.trajectories) for p in chunk],
-                    [len(p.rows.traces) for p in chunk],
-                    [sum(len(t.time_steps) for t in p.rows.traces) for p in chunk],
-                ],
-            ),
+                _FIND_AND_KEY_PG,
+                {
+                    "ids": safe,
+                    "n1": [len(p.rows.trajectories) for p in chunk],
+                    "n2": [len(p.rows.traces) for p in chunk],
+                    "n3": [sum(len(t.time_steps) for t in p.rows.traces) for p in chunk],
+                },
+            )
         ]
     else:
         marks = ", ".join("?" * len(ids))
         reads = [(f"{_FIND_RUNS_SQL}IN ({marks})", ids), (MAX_INGEST_SEQ_SQL, ())]
         wanted = _wanted(chunk)
     rows, keys = open_write(conn, reads, wanted)
-    found = {r[-1]: _StoredRun(*r) for r in rows[0]}
     seq_start = None
     if postgresql:
+        found = {}
         keys = [[] for _ in _KEYED]
-        for table, key in rows[1]:
-            keys[table].append(key)
+        for kind, *row in rows[0]:
+            if kind < 0:
+                found[row[-1]] = _StoredRun(*row)
+            else:
+                keys[kind].append(row[0])
     else:
+        found = {r[-1]: _StoredRun(*r) for r in rows[0]}
         seq_start = rows[1][0][0]
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
@@ -488,8 +484,6 @@ def _store_many(
             # SQLite's keys were allocated for the chunk in its order: the fresh ones are
             # written with the first of them (write_many takes what it needs).
             items = [chunk[i] for i in fresh.values()]
-            if postgresql and keys is not None:
-                _top_up(conn, keys, _wanted(items))
             write_many(conn, items, datetime.now(UTC), keys, seq_start)
         except IntegrityError:
             undo_write(conn)  # the slow path below decides each one
