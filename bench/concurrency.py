@@ -14,7 +14,11 @@ its next rollout as soon as the last one is acknowledged):
   rollouts/s, p50/p99 per request, server CPU per rollout.
 
 Every rollout is new (created); the single posts and the batches of one client count run
-back to back on the same server, so what slows one slows the other. The clients are
+back to back on the same server, so what slows one slows the other. Before them the store
+is given rollouts of the corpus (`stored`, in batches: a store in use, not an empty one)
+and on PostgreSQL analyzed, as autovacuum analyzes a table taking writes within its first
+minute: on a new table never analyzed, the cached plans of the ingest's look-up scanned
+every row of `runs` for each group of single posts, a cost no store in use pays. The clients are
 asyncio streams in this process (minimal HTTP/1.1): hundreds of them cost little CPU,
 which is reported too (`client_cpu_ms_per_rollout`), since on 2 cores it is CPU the
 server does not get.
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import create_engine
 
 from bench.common import (
     TRACESTORE,
@@ -68,6 +73,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "clients": [1, 8],
         "rollouts": {"multi": 24, "single": 150},
         "batch_max": {"multi": 50, "single": 200},
+        # Rollouts in the store before the measurements (see the module doc).
+        "stored": {"multi": 20, "single": 500},
     },
     "full": {
         "clients": [1, 8, 32, 128],
@@ -76,6 +83,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "rollouts": {"multi": 600, "single": 5000},
         # Batches: enough for one batch per client, at most this many rollouts.
         "batch_max": {"multi": 1600, "single": 5000},
+        "stored": {"multi": 300, "single": 10000},
     },
 }
 
@@ -322,9 +330,11 @@ def run_backend(
     clients: Sequence[int] | None = None,
     kinds: Sequence[str] = ("multi", "single"),
     scale: int = 1,
+    stored_rollouts: int | None = None,
 ) -> dict[str, Any]:
     """Every measurement of `size` on `backend`: {corpus: {clients: {single, batch}}};
-    `scale` times the size's rollouts in each."""
+    `scale` times the size's rollouts in each, after `stored_rollouts` rollouts are
+    stored (None: the size's)."""
     cfg = SIZES[size]
     counts: Sequence[int] = clients or cfg["clients"]
     seeds = Seeds()
@@ -335,6 +345,11 @@ def run_backend(
             # Warm-up: each worker's first requests import and connect.
             measure(base, pid, seeds.take(kind, 16), 8, batch=False)
             measure(base, pid, seeds.take(kind, 2 * BATCH), 2, batch=True)
+            stored = cfg["stored"][kind] if stored_rollouts is None else stored_rollouts
+            if stored:
+                measure(base, pid, seeds.take(kind, stored), 8, batch=True)
+            if backend == "postgresql":
+                analyze(url)
             for n_clients in counts:
                 rollouts = scale * cfg["rollouts"][kind]
                 n = max(rollouts, 3 * n_clients)
@@ -358,6 +373,18 @@ def run_backend(
     return out
 
 
+def analyze(url: str) -> None:
+    """ANALYZE the PostgreSQL store at `url` (what autovacuum does on a table taking
+    writes): the servers' cached plans are made again with its statistics."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("ANALYZE")
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
 def run(
     size: str,
     backends: Sequence[str],
@@ -366,6 +393,7 @@ def run(
     clients: Sequence[int] | None = None,
     kinds: Sequence[str] = ("multi", "single"),
     scale: int = 1,
+    stored_rollouts: int | None = None,
 ) -> dict[str, Any]:
     """The whole benchmark at `size` on `backends` (`scale` times its rollouts)."""
     out: dict[str, Any] = {
@@ -379,7 +407,14 @@ def run(
         "server": f"tracestore serve --workers {WORKERS}",
         "env": env or {},
         "scale": scale,
-        "results": {b: run_backend(b, size, env, log, clients, kinds, scale) for b in backends},
+        "stored": {
+            kind: SIZES[size]["stored"][kind] if stored_rollouts is None else stored_rollouts
+            for kind in kinds
+        },
+        "results": {
+            b: run_backend(b, size, env, log, clients, kinds, scale, stored_rollouts)
+            for b in backends
+        },
     }
     out["machine"]["load_at_end"] = os.getloadavg()
     out["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
@@ -401,7 +436,15 @@ def markdown(results: dict[str, Any]) -> str:
     """The results as a Markdown table, and the issue's targets."""
     lines = [
         f"`python -m bench concurrency --{results['size']}`, {results['started']} to "
-        f"{results['finished']}, {results['machine']['cpus']} CPUs, {results['server']}.",
+        f"{results['finished']}, {results['machine']['cpus']} CPUs, {results['server']}"
+        + (
+            ", store holding "
+            + " / ".join(f"{n} {CORPUS_NAMES[k]}" for k, n in results["stored"].items())
+            + " rollouts first"
+            if "stored" in results
+            else ""
+        )
+        + ".",
         "",
         "| database | corpus | clients | single: rollouts/s | p50 / p99 ack (ms) | server CPU "
         "(ms/rollout) | batch of 50: rollouts/s | p50 / p99 per batch (ms) | server CPU "
@@ -566,7 +609,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "steadier figures (at 1 a 1.2 KB measurement lasts ~1-2 s, and its ratios swing by "
         "20-40%% between runs on a shared machine)",
     )
+    parser.add_argument(
+        "--stored",
+        type=int,
+        default=None,
+        help="rollouts stored before the measurements (default: the size's; 0: an empty "
+        "store, whose never-analyzed tables PostgreSQL scans whole for each look-up)",
+    )
     args = parser.parse_args(argv)
+    if args.stored is not None and args.stored < 0:
+        parser.error("--stored must be 0 or more")
     if args.scale < 1:
         parser.error("--scale must be 1 or more")
     if bad := [item for item in args.env if "=" not in item]:
@@ -592,7 +644,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "postgresql" in backends and not pg_available():
         print("PostgreSQL is unreachable: measuring SQLite only")
         backends.remove("postgresql")
-    results = run(size, backends, env, clients=args.clients, kinds=args.corpus, scale=args.scale)
+    results = run(
+        size,
+        backends,
+        env,
+        clients=args.clients,
+        kinds=args.corpus,
+        scale=args.scale,
+        stored_rollouts=args.stored,
+    )
     name = args.out or ("concurrency" if size == "full" else f"concurrency-{size}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
