@@ -30,6 +30,7 @@ SMALL_RUNS: dict[str, list[str]] = {
     "drift_compare_time": ["--repeat", "1"],
     "drift_ingest_cost": ["--copies", "1", "--rounds", "1", "--repeat", "1", "--no-pg"],
     "gc_probe": ["--db", "sqlite", "--posts", "200", "--clients", "4"],
+    "group_cost": ["--db", "sqlite", "--groups", "1", "4", "--rollouts", "20", "--stored", "50"],
     "ingest": ["--db", "sqlite", "--rollouts", "20", "--repeats", "1"],
     "ingest_breakdown": ["--n-multi", "10", "--n-single", "50", "--db", "sqlite"],
     "inspector_render": ["--steps", "50", "--repeats", "1", "--out", "{tmp}/inspector.json"],
