@@ -378,6 +378,8 @@ def test_a_post_refused_before_its_submit_does_not_hold_its_group(
                 answer += chunk
             refused_at = time.monotonic()
         assert answer.startswith(b"HTTP/1.1 413 "), answer
+        # Refused by the lane itself (handed down, the app's own path would kick the group).
+        assert taken.served == 1
         other.join(timeout=30)
         assert not other.is_alive(), "the group waited for the refused post"
         assert time.monotonic() - refused_at < 30

@@ -23,6 +23,7 @@ the answer. `GuardedHttpToolsProtocol` adds, per connection:
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import functools
 import os
@@ -411,7 +412,8 @@ def run_server(
         pass
     finally:
         sock.close()
-        os.close(held)
+        if held >= 0:
+            os.close(held)
         if previous is None:
             os.environ.pop(MULTIPROC_ENV, None)
         else:
@@ -428,13 +430,28 @@ METRICS_DIR_LOCK = ".held"
 
 def make_metrics_dir(parent: Path) -> tuple[Path, int]:
     """A new metrics directory in `parent` for this server, and the descriptor of the
-    lock on it this process holds while it serves (close it to let the directory go)."""
-    path = Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=parent))
-    # Locked under another name, then renamed: a lock file found is always one taken.
-    taking = path / f"{METRICS_DIR_LOCK}.new"
-    held = os.open(taking, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(held, fcntl.LOCK_EX)
-    taking.rename(path / METRICS_DIR_LOCK)
+    lock on it this process holds while it serves (close it to let the directory go; -1
+    where the file system has no locks)."""
+    # Made under a name the sweep does not match, locked, then renamed: a directory the
+    # sweep finds always holds its lock (or was made before locks, by an older server).
+    hidden = Path(tempfile.mkdtemp(prefix=f".{METRICS_DIR_PREFIX}{os.getpid()}-", dir=parent))
+    held = os.open(hidden / METRICS_DIR_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            # A file system without locks (some NFS): judged by the pid in its name.
+            os.close(held)
+            held = -1
+            (hidden / METRICS_DIR_LOCK).unlink()
+        path = hidden.rename(parent / hidden.name[1:])
+    except BaseException:
+        if held >= 0:
+            os.close(held)
+        shutil.rmtree(hidden, ignore_errors=True)
+        raise
     return path, held
 
 
@@ -459,11 +476,13 @@ def _serving(path: Path) -> bool:
     """Whether the server of a metrics directory may still run (when unsure: yes).
 
     The supervisor holds the lock in it while it serves (exact, across containers sharing
-    this directory too, where a pid means nothing); a directory without one (made a
-    moment ago, or before the lock existed) is judged by the pid in its name.
+    this directory too, where a pid means nothing); a directory without one (made by a
+    server before locks, or on a file system without them) is judged by the pid in its
+    name.
     """
     try:
-        lock = os.open(path / METRICS_DIR_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        # Non-blocking: a FIFO of that name (this user's) would hold the start forever.
+        lock = os.open(path / METRICS_DIR_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return _pid_alive(path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0])
     except OSError:

@@ -23,6 +23,7 @@ its text changed with every row count, and the server parsed and planned it each
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -443,10 +444,15 @@ def _pipelined(
         cursor.adapters.register_dumper(bytes, _UntypedBytes)
         counts = [n for _bulk, n, _values in parts]
         if len(parts) > 1 and None not in counts:
-            sql = combined_insert(
-                [(bulk, n) for bulk, n, _ in parts if n is not None], conn.dialect
+            shape = tuple((bulk, n) for bulk, n, _ in parts if n is not None)
+            # Prepared once met a few times (psycopg's threshold), not at once: rollouts
+            # of many shapes make many texts, and each prepared one holds the plans of all
+            # its tables in the backend (at most PREPARED_MAX a connection, then evicted).
+            cursor.execute(
+                combined_insert(shape, conn.dialect),
+                [v for _bulk, _n, values in parts for v in values],
+                prepare=None,
             )
-            cursor.execute(sql, [v for _bulk, _n, values in parts for v in values], prepare=True)
             return
         with raw.pipeline():
             for bulk, n, values in parts:
@@ -456,29 +462,20 @@ def _pipelined(
                     cursor.execute(bulk.padded_sql(n, conn.dialect), values, prepare=True)
 
 
-_combined: dict[tuple[tuple[BulkTable, int], ...], str] = {}
-
-
-def combined_insert(parts: Sequence[tuple[BulkTable, int]], dialect: Dialect) -> str:
+@functools.lru_cache(maxsize=1024)  # the shapes of group met lately: a few per workload
+def combined_insert(parts: tuple[tuple[BulkTable, int], ...], dialect: Dialect) -> str:
     """One statement inserting each table's padded rows (`n` rows of each, in order): the
     first tables' INSERTs as data-modifying WITH queries, the last one's as the statement.
 
     One statement where a group of small rollouts sent one a table (six to eight): each
-    was ~50 us of psycopg's Python on the worker, a third of a group's fixed cost on
-    PostgreSQL. The foreign keys still hold: PostgreSQL checks them at the end of the
-    statement, once every table's rows are in (no trigger on these tables runs earlier).
+    was ~30 us of psycopg's Python on the worker (PERFORMANCE.md, fifteenth round). The
+    foreign keys still hold: PostgreSQL checks them at the end of the statement, once
+    every table's rows are in (no trigger on these tables runs earlier).
     """
-    key = tuple(parts)
-    found = _combined.get(key)
-    if found is not None:
-        return found
     first = 1
     inserts = []
     for bulk, n in parts:
         inserts.append(bulk.padded_sql(n, dialect, first))
         first += n * len(bulk.columns)
     withs = ", ".join(f"w{i} AS ({sql})" for i, sql in enumerate(inserts[:-1]))
-    found = f"WITH {withs} {inserts[-1]}"
-    if len(_combined) < 512:  # the shapes of group met: a few per workload
-        _combined[key] = found
-    return found
+    return f"WITH {withs} {inserts[-1]}"

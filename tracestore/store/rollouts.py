@@ -438,8 +438,9 @@ def _store_many(
     # on SQLite the keys too, for the whole chunk (a stored run_id's go unused).
     wanted: list[tuple[Table, int]] = []  # PostgreSQL's keys come with the look-up
     postgresql = conn.dialect.name == "postgresql"
+    # On PostgreSQL the ids as stored and as the look-up compares them (NUL-safe).
+    safe = [pg_safe(i) for i in ids] if postgresql else ids
     if postgresql:
-        safe = [pg_safe(i) for i in ids]
         reads: list[tuple[str, Any]] = [
             (
                 _FIND_AND_KEY_PG,
@@ -470,7 +471,8 @@ def _store_many(
         seq_start = rows[1][0][0]
     results: list[IngestResult | None] = [None] * len(chunk)
     fresh: dict[str, int] = {}
-    for i, (run_id, prepared) in enumerate(zip(ids, chunk, strict=True)):
+    # As the keys' statement counted them: a key for each id it did not find.
+    for i, (run_id, prepared) in enumerate(zip(safe, chunk, strict=True)):
         if run_id in found:
             if not isolate:
                 results[i] = _answer_existing(conn, prepared, found[run_id])
