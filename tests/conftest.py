@@ -330,7 +330,11 @@ def write_fault(
     A trigger in the database, so it fires for every writer (this process, a live server,
     SQLAlchemy statements and the driver-level bulk writes alike). It finds the run through
     the row's `run_pk`, so it fires only once the run's own row is written in the same
-    transaction: the fault is mid-rollout by construction.
+    transaction: the fault is mid-rollout by construction. On PostgreSQL it fires at the
+    end of the statement writing `table`, which for a small rollout is its only write
+    statement (db/bulk.py `combined_insert`, undone whole by the database itself); a
+    rollout with a table past a padded INSERT's rows is written a statement a table, so
+    the fault comes after earlier statements wrote (tests/api/test_bad_input.py).
     """
     name = "tracestore_test_fault"
     quoted = run_id.replace("'", "''")

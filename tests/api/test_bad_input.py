@@ -19,6 +19,7 @@ from tests.conftest import (
     row_counts,
     write_fault,
 )
+from tracestore.db.bulk import PADDED_MAX_ROWS
 from tracestore.settings import Settings
 
 SMALL_LIMIT = 64 * 1024
@@ -289,15 +290,25 @@ ROLLOUT_TABLES = (
 )
 
 
+@pytest.mark.parametrize("shape", ["as sent", "steps past a padded INSERT"])
 def test_failure_mid_rollout_rolls_back_whole(
-    http: httpx.Client, engine: Engine, examples: list[Example]
+    http: httpx.Client, engine: Engine, examples: list[Example], shape: str
 ) -> None:
     # A crafter rollout: trajectories and a full trace with messages, the last rows written.
     ex = min(
         (e for e in examples if e.label["kind"] == "crafter" and e.label["trace_kind"] == "full"),
         key=lambda e: len(e.raw),
     )
-    raw = orjson.dumps(dict(ex.doc, run_id="rollback-probe"))
+    doc = dict(ex.doc, run_id="rollback-probe")
+    if shape != "as sent":
+        # On PostgreSQL a small rollout's rows go in one statement (db/bulk.py
+        # combined_insert), which fails whole: more steps than a padded INSERT takes send
+        # each table in a statement of its own, so the messages fail after the run, its
+        # steps and the rest were written by earlier statements of the transaction.
+        first = dict(doc["trajectories"][0])
+        first["steps"] = first["steps"] * (PADDED_MAX_ROWS // len(first["steps"]) + 1)
+        doc["trajectories"] = [first, *doc["trajectories"][1:]]
+    raw = orjson.dumps(doc)
     with write_fault(engine, "trace_messages", "rollback-probe"):
         # The run, its document, trajectories, steps, trace, time steps and events are
         # written when the first message fails: the whole rollout must be undone. (On a
@@ -312,6 +323,8 @@ def test_failure_mid_rollout_rolls_back_whole(
     assert http.post("/v1/rollouts", content=raw).status_code == 201
     counts = row_counts(engine)
     assert {t: counts[t] > 0 for t in ROLLOUT_TABLES} == dict.fromkeys(ROLLOUT_TABLES, True)
+    if shape != "as sent":
+        assert counts["steps"] > PADDED_MAX_ROWS  # past the combined statement, then
 
 
 @pytest.mark.parametrize("route", ["/v1/rollouts", "/v1/rollouts/batch"])

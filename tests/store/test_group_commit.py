@@ -22,7 +22,7 @@ from psycopg import pq
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import OperationalError
 
-from tests.conftest import Database, LiveServer, minimal_rollout, write_fault
+from tests.conftest import Database, Example, LiveServer, minimal_rollout, write_fault
 from tracestore.db.engine import create_engine
 from tracestore.errors import InvalidJSON, InvalidRollout
 from tracestore.ingest.group import EXPECT_FOR, GroupCommit, Outcome, store_group
@@ -202,6 +202,39 @@ def test_a_stored_run_id_takes_no_keys(engine: Engine) -> None:
         rows = conn.execute(text("SELECT run_id, id FROM runs")).all()
     keys: dict[str, int] = dict(rows)
     assert [keys["second"], keys["third"]] == [keys["first"] + 1, keys["first"] + 2]
+
+
+def test_keys_are_taken_for_the_first_copy_of_a_run_id(
+    engine: Engine, examples: list[Example]
+) -> None:
+    """A run_id twice in one group, the copies of different shapes (other trajectories,
+    traces and time steps): the group takes keys for the rows of the copy it writes, the
+    first, and no more, in every keyed table; the second copy is answered as a conflict.
+    Extra keys (counted from the other copy) or too few (the write then fails and each
+    rollout goes alone, the fast path's keys wasted) leave gaps: the keys must not have
+    any, as SQLite's (max(id) + 1) never do."""
+    full = [e for e in examples if e.label["kind"] == "crafter" and e.label["trace_kind"] == "full"]
+    first = min(full, key=lambda e: e.label["n_steps"])
+    other = max(full, key=lambda e: e.label["n_steps"])  # more steps, time steps, events
+    assert other.label["n_steps"] > first.label["n_steps"]
+    docs = [
+        dict(first.doc, run_id="before-twice"),
+        dict(first.doc, run_id="twice-shaped"),
+        dict(other.doc, run_id="twice-shaped"),
+        dict(other.doc, run_id="after-twice"),
+    ]
+    store_group(engine, [orjson.dumps(docs[0])])
+    outcomes = store_group(engine, [orjson.dumps(d) for d in docs[1:3]])
+    statuses = [o.status if isinstance(o, IngestResult) else repr(o) for o in outcomes]
+    assert statuses == ["created", "conflict"]
+    store_group(engine, [orjson.dumps(docs[3])])
+    with engine.connect() as conn:
+        for table in ("runs", "trajectories", "traces", "trace_time_steps"):
+            count, low, high = conn.execute(
+                text(f"SELECT count(*), min(id), max(id) FROM {table}")
+            ).one()
+            assert count > 0, table
+            assert high - low + 1 == count, f"{table}: keys {low}..{high} for {count} rows"
 
 
 def test_a_write_on_a_connection_not_yet_begun_is_committed(engine: Engine, fresh: Engine) -> None:
