@@ -8,6 +8,7 @@ kept-alive connections stayed there."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -23,7 +24,12 @@ import pytest
 from bench.common import tcp_sockets
 from tests.conftest import minimal_rollout
 from tests.reliability.harness import LOOPBACK, TRACESTORE, ServerProcess, child_pids
-from tracestore.api.server import METRICS_DIR_PREFIX, make_metrics_dir, remove_stale_metrics_dirs
+from tracestore.api.server import (
+    HIDDEN_METRICS_DIR_AGE_S,
+    METRICS_DIR_PREFIX,
+    make_metrics_dir,
+    remove_stale_metrics_dirs,
+)
 
 CLIENTS = 32
 
@@ -196,6 +202,24 @@ def test_a_killed_server_s_metrics_folder_goes_at_the_next_start(tmp_path: Path)
     finally:
         os.close(held)
     assert remove_stale_metrics_dirs(parent) == [elsewhere]
+    # Under its hidden name (a server killed between making it and renaming it): left
+    # while it may still be being made, or while its lock is held; gone once old.
+    fresh = parent / f".{METRICS_DIR_PREFIX}{gone.pid}-fresh"
+    old = parent / f".{METRICS_DIR_PREFIX}{gone.pid}-old"
+    old_held = parent / f".{METRICS_DIR_PREFIX}{gone.pid}-held"
+    for folder in (fresh, old, old_held):
+        folder.mkdir()
+    holding = os.open(old_held / ".held", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holding, fcntl.LOCK_EX)
+    for folder in (old, old_held):
+        past = time.time() - 2 * HIDDEN_METRICS_DIR_AGE_S
+        os.utime(folder, (past, past))
+    try:
+        assert remove_stale_metrics_dirs(parent) == [old]
+        assert fresh.is_dir()
+        assert old_held.is_dir()
+    finally:
+        os.close(holding)
     # And a real server's: killed outright, then a server started again removes it.
     env = {"TMPDIR": str(parent)}
     store = f"sqlite:///{tmp_path / 'store.db'}"

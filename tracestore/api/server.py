@@ -459,17 +459,32 @@ def remove_stale_metrics_dirs(parent: Path) -> list[Path]:
     """Remove the metrics directories in `parent` of servers of this user that are gone
     (killed before they could remove their own); the ones removed."""
     removed = []
-    for path in parent.glob(f"{METRICS_DIR_PREFIX}*-*"):
+    for path in [
+        *parent.glob(f"{METRICS_DIR_PREFIX}*-*"),
+        *parent.glob(f".{METRICS_DIR_PREFIX}*-*"),
+    ]:
         try:
             info = path.lstat()  # a link of that name is not one of ours: not followed
         except OSError:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or _serving(path):
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if path.name.startswith("."):
+            # Being made (`make_metrics_dir`: a moment between mkdtemp and the rename), or
+            # left by a server killed in that moment: only an old one, whose lock (if it
+            # was taken) nobody holds, is left behind.
+            if time.time() - info.st_mtime < HIDDEN_METRICS_DIR_AGE_S or _locked(path):
+                continue
+        elif _serving(path):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
             removed.append(path)
     return removed
+
+
+# A metrics directory under its hidden name is renamed microseconds after it is made.
+HIDDEN_METRICS_DIR_AGE_S = 60.0
 
 
 def _serving(path: Path) -> bool:
@@ -480,11 +495,20 @@ def _serving(path: Path) -> bool:
     server before locks, or on a file system without them) is judged by the pid in its
     name.
     """
+    locked = _locked(path)
+    if locked is None:
+        return _pid_alive(path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0])
+    return locked
+
+
+def _locked(path: Path) -> bool | None:
+    """Whether a process holds the lock of a metrics directory (None: it has no lock
+    file; True when it cannot be told)."""
     try:
         # Non-blocking: a FIFO of that name (this user's) would hold the start forever.
         lock = os.open(path / METRICS_DIR_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return _pid_alive(path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0])
+        return None
     except OSError:
         return True
     try:
