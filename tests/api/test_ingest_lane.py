@@ -363,9 +363,15 @@ def test_a_post_refused_before_its_submit_does_not_hold_its_group(
             sock.sendall(_head(len(too_many)))
             _until(lambda: _charged(bound, len(too_many)), "the lane did not take the head")
             done: list[httpx.Response] = []
+            # Down the app's path (the lane takes no Content-Encoding), so that the lane
+            # answers the refused post alone: `served` counts it and nothing else.
             other = threading.Thread(
                 target=lambda: done.append(
-                    client.post("/v1/rollouts", json=minimal_rollout("joined-early"))
+                    client.post(
+                        "/v1/rollouts",
+                        json=minimal_rollout("joined-early"),
+                        headers={"Content-Encoding": "identity"},
+                    )
                 )
             )
             other.start()
@@ -379,8 +385,8 @@ def test_a_post_refused_before_its_submit_does_not_hold_its_group(
             refused_at = time.monotonic()
         assert answer.startswith(b"HTTP/1.1 413 "), answer
         # Refused by the lane itself (handed down, the app's own path would kick the group).
-        assert taken.served == 1
         other.join(timeout=30)
+        assert taken.served == 1
         assert not other.is_alive(), "the group waited for the refused post"
         assert time.monotonic() - refused_at < 30
         assert [r.status_code for r in done] == [201]
